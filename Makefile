@@ -1,0 +1,34 @@
+# `make run` starts the daemon on the shipped config; `make test` runs lint, types and tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8765
+
+.PHONY: run test lint bench clean
+
+$(BIN)/gatewayd: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test-deps: $(BIN)/gatewayd
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(BIN)/gatewayd
+	@$(BIN)/gatewayctl --config-dir . dev-client --url http://127.0.0.1:$(PORT)/mcp
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/gatewayd --config-dir . --port $(PORT)
+
+lint: $(VENV)/.test-deps
+	$(BIN)/ruff check gatewayd tests bench
+	$(BIN)/mypy
+
+test: lint
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+bench: $(VENV)/.test-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

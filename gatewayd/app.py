@@ -1,0 +1,75 @@
+"""Composition root: load config → pool → gateway → HTTP; wait for a signal; ordered shutdown.
+
+Owns the daemon's lifetime and the order things start and stop in. Shutdown: stop
+accepting, end session streams, let calls in flight finish (bounded by `shutdown_grace`),
+then stop every tool server with the full escalation, so no child outlives the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+from aiohttp import web
+
+from gatewayd.config.loader import load_snapshot
+from gatewayd.gateway import Gateway
+from gatewayd.sessions import Sessions
+from gatewayd.settings import Settings
+from gatewayd.upstream.pool import Pool
+from gatewayd.web.app import MCP_PATH, create_app
+from gatewayd.web.auth import TokenTable
+from gatewayd.web.mcp_http import WebState
+
+logger = logging.getLogger(__name__)
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    address = runner.addresses[0]
+    return int(address[1])
+
+
+async def serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run the daemon until SIGTERM or SIGINT. Raises ConfigInvalid before listening if the config is bad."""
+    snapshot = load_snapshot(settings.config_dir)
+    sessions = Sessions(settings.max_sessions, settings.session_idle_timeout)
+    pool = Pool(snapshot, on_tools_changed=lambda name: gateway.tools_changed(name))
+    gateway = Gateway(pool, settings.tool_name_separator, sessions)
+    state = WebState(settings, gateway, sessions, TokenTable(snapshot))
+    runner = web.AppRunner(
+        create_app(state), access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_grace
+    )
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+        await site.start()
+        port = _bound_port(runner)
+        state.hosts = frozenset(settings.hosts(port))
+        state.origins = frozenset(settings.origins(port))
+        url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
+        logger.info("listening on %s (%d tool servers, %d clients)", url, len(pool.servers), len(snapshot.clients))
+        if on_ready is not None:
+            on_ready(url)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(pool.start_eager(), name="eager-start")
+            await stop.wait()
+            logger.info("stopping")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        sessions.broadcast_close()
+        await runner.cleanup()
+        await pool.stop_all()
+        logger.info("stopped")
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,163 @@
+"""Command lines: `gatewayd` runs the daemon, `gatewayctl` drives it. Parsing and printing only.
+
+Every verb calls into the module that owns its logic; errors print as one line naming the
+file and key, never a traceback, with a non-zero exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gatewayd import __version__
+from gatewayd.config.edit import set_client_token
+from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
+from gatewayd.errors import ConfigError
+from gatewayd.settings import Settings, describe
+from gatewayd.web.auth import hash_token, new_token
+
+EXIT_CONFIG = 2
+EXIT_USAGE = 64
+DEFAULT_POLICY_FILE = "clients.toml"
+DEV_CLIENT = "dev"
+DEV_ROLE = "developer"
+DEV_POLICY_FILE = "dev.local.toml"
+DEV_TOKEN_FILE = ".gatewayd-dev-token"
+
+
+def setup_logging(level: str) -> None:
+    """One line per event on stderr; journald adds its own timestamps."""
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if "JOURNAL_STREAM" not in os.environ:
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+
+
+# -- gatewayd -------------------------------------------------------------------------------
+
+
+def _daemon_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gatewayd",
+        description="Serve the tool servers of CONFIG_DIR/tools.d behind one authenticated JSON-RPC / MCP endpoint. "
+        "Each setting can also be set as GATEWAYD_<NAME> in the environment or in CONFIG_DIR/gatewayd.toml.",
+    )
+    parser.add_argument("--version", action="version", version=f"gatewayd {__version__}")
+    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    for name, description, default in describe():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, list):
+            parser.add_argument(flag, dest=name, action="append", help=f"{description} (repeatable)")
+        else:
+            parser.add_argument(flag, dest=name, help=f"{description} (default: {default})")
+    return parser
+
+
+def _load_settings(args: argparse.Namespace) -> Settings:
+    given: dict[str, Any] = {name: value for name, value in vars(args).items() if value is not None}
+    given.pop("check", None)
+    if "config_dir" in given:
+        # The optional gatewayd.toml lives in the config directory, so it must be known first.
+        os.environ.setdefault("GATEWAYD_CONFIG_DIR", str(given["config_dir"]))
+    return Settings(**given)
+
+
+def gatewayd_main(argv: list[str] | None = None) -> int:
+    """Entry point of `gatewayd`."""
+    args = _daemon_parser().parse_args(argv)
+    try:
+        settings = _load_settings(args)
+    except ValidationError as exc:
+        for detail in exc.errors():
+            print(f"gatewayd: setting {'.'.join(map(str, detail['loc']))}: {detail['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(settings.log_level)
+    try:
+        if args.check:
+            snapshot = load_snapshot(settings.config_dir)
+            print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
+            return 0
+        from gatewayd.app import serve
+
+        asyncio.run(serve(settings))
+    except ConfigInvalid as exc:
+        for error in exc.errors:
+            print(f"gatewayd: config error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:
+        print(f"gatewayd: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- gatewayctl -----------------------------------------------------------------------------
+
+
+def _ctl_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gatewayctl", description="Administer gatewayd.")
+    parser.add_argument("--config-dir", type=Path, default=Path(os.environ.get("GATEWAYD_CONFIG_DIR", ".")),
+                        help="directory holding tools.d/ and policies/ (default: $GATEWAYD_CONFIG_DIR or .)")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    token = verbs.add_parser("token", help="manage client tokens").add_subparsers(dest="token_verb", required=True)
+    new = token.add_parser("new", help="make a token for CLIENT, print it once, store its hash")
+    new.add_argument("client")
+    new.add_argument("--role", action="append", dest="roles", help="role to give the client (repeatable)")
+    new.add_argument("--policy-file", type=Path, help=f"policy file to write (default: policies/{DEFAULT_POLICY_FILE})")
+    dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
+    dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
+    verbs.add_parser("check", help="validate the config directory")
+    return parser
+
+
+def _token_new(args: argparse.Namespace) -> int:
+    path = args.policy_file or args.config_dir / POLICIES_DIR / DEFAULT_POLICY_FILE
+    token = new_token()
+    set_client_token(path, args.client, hash_token(token), args.roles)
+    print(token)
+    print(f"gatewayctl: stored the hash for client {args.client!r} in {path}; the token is shown only once",
+          file=sys.stderr)
+    return 0
+
+
+def _dev_client(args: argparse.Namespace) -> int:
+    token_file = args.config_dir / DEV_TOKEN_FILE
+    policy_file = args.config_dir / POLICIES_DIR / DEV_POLICY_FILE
+    token = token_file.read_text().strip() if token_file.exists() else ""
+    if not token or not policy_file.exists() or hash_token(token) not in policy_file.read_text():
+        token = new_token()
+        set_client_token(policy_file, DEV_CLIENT, hash_token(token), [DEV_ROLE])
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+    print(f"endpoint:  {args.url}")
+    print(f"token:     {token}   (client {DEV_CLIENT!r}, kept in {token_file})")
+    print(f"try:       curl -s {args.url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
+          "-d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"calc.add\",\"params\":{\"a\":2,\"b\":3}}'")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    snapshot = load_snapshot(args.config_dir)
+    print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
+    return 0
+
+
+def gatewayctl_main(argv: list[str] | None = None) -> int:
+    """Entry point of `gatewayctl`."""
+    args = _ctl_parser().parse_args(argv)
+    verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check}
+    try:
+        return verbs[args.verb](args)
+    except ConfigInvalid as exc:
+        for error in exc.errors:
+            print(f"gatewayctl: config error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ConfigError as exc:
+        print(f"gatewayctl: {exc}", file=sys.stderr)
+        return EXIT_CONFIG

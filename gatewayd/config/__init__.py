@@ -1,0 +1,1 @@
+"""Declarative config: strict models, the loader that turns directories into a Snapshot, and diffs."""

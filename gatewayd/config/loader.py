@@ -1,0 +1,200 @@
+"""Read `tools.d/` and `policies/` into one validated, immutable Snapshot.
+
+Owns: which files count (`*.toml`, not hidden), TOML decoding, turning validation failures
+into messages that name the file, the key and the line, and cross-file checks (duplicate
+names, roles that do not exist). A config that fails is never half-applied: the loader
+returns a whole Snapshot or raises ConfigInvalid with every problem found.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from gatewayd.config.models import SERVER_NAME, Client, PolicyFile, Role, ServerConfig
+from gatewayd.errors import ConfigError
+
+TOOLS_DIR = "tools.d"
+POLICIES_DIR = "policies"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigInvalid(Exception):
+    """Raised with every ConfigError found; nothing of that config was applied."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__("\n".join(str(error) for error in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One complete, validated config. Never mutated: a reload builds a new one."""
+
+    servers: dict[str, ServerConfig]
+    roles: dict[str, Role]
+    clients: dict[str, Client]
+    # Which file defined each role and client, so errors and `explain` can name it.
+    sources: dict[str, str] = field(default_factory=dict)
+    config_dir: Path = Path(".")
+
+
+def config_files(directory: Path) -> list[Path]:
+    """The `*.toml` files of a directory in name order; editor temp and hidden files are ignored."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("*.toml") if not p.name.startswith(".") and p.is_file())
+
+
+def _find_line(text: str, loc: tuple[str | int, ...]) -> int | None:
+    """Best-effort line of the key at `loc`: a `[table]` header or a `key =` line."""
+    keys = [str(part) for part in loc if not isinstance(part, int)]
+    if not keys:
+        return None
+    lines = text.splitlines()
+    for split in range(len(keys) - 1, -1, -1):
+        table, key = keys[:split], keys[split]
+        line = _key_in_table(lines, table, key)
+        if line is not None:
+            return line
+    return None
+
+
+def _header_re(table: list[str]) -> re.Pattern[str]:
+    parts = r"\s*\.\s*".join(rf"\"?{re.escape(part)}\"?" for part in table)
+    return re.compile(rf"^\s*\[\[?\s*{parts}\s*\]\]?\s*(#.*)?$")
+
+
+def _key_in_table(lines: list[str], table: list[str], key: str) -> int | None:
+    key_re = re.compile(rf"^\s*\"?{re.escape(key)}\"?\s*[=.]")
+    header_of_key = _header_re([*table, key])
+    in_table = not table
+    header = _header_re(table) if table else None
+    for number, line in enumerate(lines, start=1):
+        if header_of_key.match(line):
+            return number
+        if line.lstrip().startswith("["):
+            in_table = bool(header and header.match(line))
+            continue
+        if in_table and key_re.match(line):
+            return number
+    return None
+
+
+def _read_toml(path: Path, errors: list[ConfigError]) -> tuple[dict[str, Any], str] | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        line = _toml_error_line(str(exc))
+        errors.append(ConfigError(str(path), "", f"not valid TOML: {exc}", line))
+    except (OSError, UnicodeDecodeError) as exc:
+        errors.append(ConfigError(str(path), "", f"cannot read: {exc}"))
+    return None
+
+
+def _toml_error_line(message: str) -> int | None:
+    match = re.search(r"line (\d+)", message)
+    return int(match.group(1)) if match else None
+
+
+def _validate(model: type[M], path: Path, data: dict[str, Any], text: str, errors: list[ConfigError]) -> M | None:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        for item in exc.errors():
+            loc = tuple(item["loc"])
+            key = ".".join(str(part) for part in loc)
+            message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+            errors.append(ConfigError(str(path), key, message, _find_line(text, loc)))
+    return None
+
+
+def load_servers(directory: Path, errors: list[ConfigError]) -> dict[str, ServerConfig]:
+    """Every tool server of `tools.d/`, named by file stem."""
+    servers: dict[str, ServerConfig] = {}
+    for path in config_files(directory):
+        if not SERVER_NAME.fullmatch(path.stem) or "__" in path.stem:
+            errors.append(
+                ConfigError(str(path), "", "file name must be a server name: A-Z a-z 0-9 _ - (no '__')")
+            )
+            continue
+        loaded = _read_toml(path, errors)
+        if loaded is None:
+            continue
+        server = _validate(ServerConfig, path, *loaded, errors)
+        if server is not None:
+            servers[path.stem] = server
+    return servers
+
+
+def _merge(
+    kind: str, items: Iterable[tuple[str, Any]], path: Path, into: dict[str, Any], sources: dict[str, str],
+    errors: list[ConfigError],
+) -> None:
+    for name, value in items:
+        key = f"{kind}.{name}"
+        if key in sources:
+            errors.append(ConfigError(str(path), key, f"already defined in {sources[key]}"))
+            continue
+        into[name] = value
+        sources[key] = str(path)
+
+
+def load_policies(
+    directory: Path, errors: list[ConfigError]
+) -> tuple[dict[str, Role], dict[str, Client], dict[str, str]]:
+    """All policy files merged; a name defined twice is an error naming both files."""
+    roles: dict[str, Role] = {}
+    clients: dict[str, Client] = {}
+    sources: dict[str, str] = {}
+    for path in config_files(directory):
+        loaded = _read_toml(path, errors)
+        if loaded is None:
+            continue
+        policy = _validate(PolicyFile, path, *loaded, errors)
+        if policy is None:
+            continue
+        _merge("roles", policy.roles.items(), path, roles, sources, errors)
+        _merge("clients", policy.clients.items(), path, clients, sources, errors)
+    _check_references(roles, clients, sources, errors)
+    return roles, clients, sources
+
+
+def _check_references(
+    roles: dict[str, Role], clients: dict[str, Client], sources: dict[str, str], errors: list[ConfigError]
+) -> None:
+    seen_tokens: dict[str, str] = {}
+    for name, client in clients.items():
+        source = sources[f"clients.{name}"]
+        errors.extend(
+            ConfigError(source, f"clients.{name}.roles", f"no such role {role!r}")
+            for role in client.roles
+            if role not in roles
+        )
+        for digest in client.token_sha256:
+            if digest in seen_tokens:
+                errors.append(
+                    ConfigError(source, f"clients.{name}.token_sha256", f"same token as client {seen_tokens[digest]!r}")
+                )
+            seen_tokens[digest] = name
+
+
+def load_snapshot(config_dir: Path) -> Snapshot:
+    """Load and validate the whole config directory. Raises ConfigInvalid listing every problem."""
+    errors: list[ConfigError] = []
+    tools_dir = config_dir / TOOLS_DIR
+    if not tools_dir.is_dir():
+        errors.append(ConfigError(str(tools_dir), "", "directory not found"))
+    servers = load_servers(tools_dir, errors)
+    roles, clients, sources = load_policies(config_dir / POLICIES_DIR, errors)
+    if errors:
+        raise ConfigInvalid(errors)
+    return Snapshot(servers=servers, roles=roles, clients=clients, sources=sources, config_dir=config_dir)

@@ -1,0 +1,145 @@
+"""Strict, frozen models of the TOML config: one tool server per `tools.d/*.toml`, and policies.
+
+Owns the schema: field names, types, defaults and the duration syntax. Unknown keys are
+errors. Does not own reading files or naming them in errors (loader.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+# Server names become the prefix of canonical names (`server.method`) and of MCP tool names.
+SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+# A canonical method may use only these characters; anything else is never matched.
+METHOD_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,128}$")
+CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from `"30s"`, `"5m"`, `"1h"`, `"250ms"` or a plain number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like \"30s\", \"5m\" or a number of seconds")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        raise ValueError(f"expected a duration like \"30s\", \"5m\" or a number of seconds, got {value!r}")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class MethodConfig(_Strict):
+    """One method of a tool server: declared (plain JSON-RPC) or tuned (MCP)."""
+
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    timeout: Duration | None = None
+    notification: bool = False
+
+
+class ServerConfig(_Strict):
+    """One stdio tool server, from `tools.d/<name>.toml`."""
+
+    command: list[str] = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    protocol: Literal["mcp", "jsonrpc"] = "mcp"
+    start: Literal["on-demand", "eager"] = "on-demand"
+    idle_timeout: Duration = 600.0
+    call_timeout: Duration = 30.0
+    startup_timeout: Duration = 10.0
+    max_in_flight: int = Field(16, ge=1, le=4096)
+    max_queued: int = Field(64, ge=0, le=65536)
+    max_restarts: int = Field(5, ge=0)
+    restart_window: Duration = 60.0
+    methods: dict[str, MethodConfig] = Field(default_factory=dict)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("methods")
+    @classmethod
+    def _method_names(cls, value: dict[str, MethodConfig]) -> dict[str, MethodConfig]:
+        for name in value:
+            if not METHOD_NAME.fullmatch(name):
+                raise ValueError(f"method name {name!r} may use only A-Z a-z 0-9 _ . / -")
+        return value
+
+    @model_validator(mode="after")
+    def _jsonrpc_declares_methods(self) -> ServerConfig:
+        if self.protocol == "jsonrpc" and not self.methods:
+            raise ValueError("a protocol = \"jsonrpc\" server must declare its [methods.NAME]")
+        return self
+
+    @property
+    def argv(self) -> list[str]:
+        """The full command line."""
+        return [*self.command, *self.args]
+
+    def timeout_for(self, method: str) -> float:
+        """The call deadline for `method`: its own override, else the server's."""
+        declared = self.methods.get(method)
+        if declared is not None and declared.timeout is not None:
+            return declared.timeout
+        return self.call_timeout
+
+
+class Role(_Strict):
+    """A named set of grants on canonical `server.method` names."""
+
+    allow: list[str] = Field(default_factory=list)
+    confirm: list[str] = Field(default_factory=list)
+
+
+class Client(_Strict):
+    """An agent identity: its token hashes and its roles."""
+
+    token_sha256: list[str] = Field(default_factory=list)
+    roles: list[str] = Field(default_factory=list)
+
+    @field_validator("token_sha256", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex(cls, value: list[str]) -> list[str]:
+        for digest in value:
+            if not SHA256_HEX.fullmatch(digest):
+                raise ValueError("token_sha256 must be 64 lowercase hex digits (gatewayctl token new writes it)")
+        return value
+
+
+class PolicyFile(_Strict):
+    """One `policies/*.toml`; all such files are merged."""
+
+    roles: dict[str, Role] = Field(default_factory=dict)
+    clients: dict[str, Client] = Field(default_factory=dict)
+
+    @field_validator("clients")
+    @classmethod
+    def _client_names(cls, value: dict[str, Client]) -> dict[str, Client]:
+        for name in value:
+            if not CLIENT_NAME.fullmatch(name):
+                raise ValueError(f"client name {name!r} may use only A-Z a-z 0-9 _ . -")
+        return value

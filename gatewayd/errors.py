@@ -1,0 +1,193 @@
+"""The error hierarchy and the only table that maps errors to the wire.
+
+Every error a caller can see is a `GatewayError` subclass carrying its JSON-RPC code, an
+`error_type` and whether retrying may help. `to_wire()` is the single place that turns one
+into a JSON-RPC error object; the web layer turns `HttpError` into a status code.
+Errors a tool server returned itself travel as `UpstreamError`, verbatim.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+# JSON-RPC 2.0 reserved codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+# Gateway codes live in the implementation-defined range -32000..-32019.
+CONFIRMATION_REQUIRED = -32010
+TOOL_SERVER_UNAVAILABLE = -32011
+CALL_TIMED_OUT = -32012
+AUDIT_UNAVAILABLE = -32013
+OVERLOADED = -32014
+CONFIRMATION_DENIED = -32015
+CONFIRMATION_EXPIRED = -32016
+REQUEST_CANCELLED = -32017
+
+
+class GatewayError(Exception):
+    """Base of every error that reaches a caller as a JSON-RPC error."""
+
+    code: ClassVar[int] = INTERNAL_ERROR
+    error_type: ClassVar[str] = "internal"
+    retryable: ClassVar[bool] = False
+    # Standard JSON-RPC errors carry no gateway `data` unless given some.
+    structured: ClassVar[bool] = True
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data or {}
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-RPC `error` member for this error."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.structured:
+            error["data"] = {"error_type": self.error_type, "retryable": self.retryable, **self.data}
+        elif self.data:
+            error["data"] = self.data
+        return error
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, data={self.data!r})"
+
+
+class ParseError(GatewayError):
+    """Raised when a body is not JSON; answered with `id: null`."""
+
+    code = PARSE_ERROR
+    error_type = "parse_error"
+    structured = False
+
+
+class InvalidRequest(GatewayError):
+    """Raised when JSON is not a valid JSON-RPC 2.0 request."""
+
+    code = INVALID_REQUEST
+    error_type = "invalid_request"
+    structured = False
+
+
+class MethodNotFound(GatewayError):
+    """Raised for an unknown method and, identically, for a denied one."""
+
+    code = METHOD_NOT_FOUND
+    error_type = "method_not_found"
+    structured = False
+
+    def __init__(self, method: str) -> None:
+        super().__init__("Method not found")
+        self.method = method
+
+
+class InvalidParams(GatewayError):
+    """Raised when params have the wrong shape for the method."""
+
+    code = INVALID_PARAMS
+    error_type = "invalid_params"
+    structured = False
+
+
+class UnknownTool(InvalidParams):
+    """Raised for `tools/call` of an unknown or denied tool; the text is the same for both."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Unknown tool: {name}")
+
+
+class InternalError(GatewayError):
+    """Raised when the gateway itself failed; the details stay in the log."""
+
+    code = INTERNAL_ERROR
+    error_type = "internal"
+    structured = False
+
+
+class ConfirmationRequired(GatewayError):
+    """Raised when a call needs a person's confirmation that this gateway cannot yet ask for."""
+
+    code = CONFIRMATION_REQUIRED
+    error_type = "confirmation_required"
+
+
+class ToolServerUnavailable(GatewayError):
+    """Raised when a tool server could not start, exited mid-call, or is in the failed state."""
+
+    code = TOOL_SERVER_UNAVAILABLE
+    error_type = "tool_server_unavailable"
+    retryable = True
+
+
+class ToolServerFailed(ToolServerUnavailable):
+    """Raised while a server crashed too often; it stays failed until its config changes."""
+
+    error_type = "tool_server_failed"
+    retryable = False
+
+
+class CallTimedOut(GatewayError):
+    """Raised when a tool server did not answer within the call's deadline."""
+
+    code = CALL_TIMED_OUT
+    error_type = "call_timed_out"
+    retryable = True
+
+
+class Overloaded(GatewayError):
+    """Raised when a server's in-flight limit and wait queue are both full."""
+
+    code = OVERLOADED
+    error_type = "overloaded"
+    retryable = True
+
+
+class RequestCancelled(GatewayError):
+    """Raised in a call that its client cancelled with `notifications/cancelled`."""
+
+    code = REQUEST_CANCELLED
+    error_type = "cancelled"
+
+
+class UpstreamError(GatewayError):
+    """A JSON-RPC error returned by a tool server, passed to the caller verbatim."""
+
+    structured = False
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(str(error.get("message", "")), None)
+        self.error = error
+
+    def to_wire(self) -> dict[str, Any]:
+        """The server's own error object, unchanged."""
+        return self.error
+
+
+class HttpError(Exception):
+    """An HTTP-level refusal (auth, limits, framing); the web layer sends `status` with no JSON-RPC body."""
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.headers = headers or {}
+
+
+class ConfigError(Exception):
+    """A config file that failed validation: names the file, the key and, where known, the line."""
+
+    def __init__(self, file: str, key: str, message: str, line: int | None = None) -> None:
+        where = f"{file}:{line}" if line else file
+        keypart = f" [{key}]" if key else ""
+        super().__init__(f"{where}{keypart}: {message}")
+        self.file = file
+        self.key = key
+        self.line = line
+        self.detail = message
+
+
+def error_response(request_id: Any, error: GatewayError) -> dict[str, Any]:
+    """A complete JSON-RPC error response."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": error.to_wire()}

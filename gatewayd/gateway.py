@@ -1,0 +1,338 @@
+"""Gateway.dispatch: route → decide → call, and the gateway's own MCP methods (tools/list, …).
+
+Owns the one path from a parsed message to a tool server: resolving a direct
+`server.method` or an MCP `tools/call {name}` to the same canonical target, asking
+`policy.decide` once, and calling the server with params re-built from the authorized
+object. Also owns MCP aggregation (tool names, deterministic order) and mapping a call's
+upstream events back to the caller. Does not own HTTP, sessions or process supervision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gatewayd import __version__, jsonrpc, policy
+from gatewayd.config.models import MethodConfig
+from gatewayd.errors import (
+    ConfirmationRequired,
+    GatewayError,
+    InvalidParams,
+    MethodNotFound,
+    RequestCancelled,
+    UnknownTool,
+    UpstreamError,
+)
+from gatewayd.jsonrpc import Notification, Request
+from gatewayd.policy import Decision, Principal
+from gatewayd.sessions import LOG_LEVELS, Session, Sessions
+from gatewayd.upstream.pool import Pool
+from gatewayd.upstream.server import ToolDef, ToolServer
+
+logger = logging.getLogger(__name__)
+
+# LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SERVER_INFO = {"name": "gatewayd", "version": __version__}
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class CallContext:
+    """Who is calling, in which session, and where the call's notifications go (None: nowhere)."""
+
+    principal: Principal
+    session: Session | None = None
+    emit: Emit | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A canonical call target: one tool server and one of its methods."""
+
+    server: ToolServer
+    method: str
+
+    @property
+    def canonical(self) -> str:
+        """`server.method`, the name policies match."""
+        return f"{self.server.name}.{self.method}"
+
+
+class Gateway:
+    """Routes, authorizes and forwards calls to the pool's tool servers."""
+
+    def __init__(self, pool: Pool, tool_name_separator: str = "__", sessions: Sessions | None = None) -> None:
+        self.pool = pool
+        self.sessions = sessions
+        self.separator = tool_name_separator
+        self._inflight: dict[tuple[str, str, str], asyncio.Task[Any]] = {}
+
+    # -- entry points ----------------------------------------------------------------------
+
+    async def dispatch(self, ctx: CallContext, message: Request) -> dict[str, Any]:
+        """Answer one request: a JSON-RPC response, success or error. Never raises GatewayError."""
+        try:
+            result = await self._route(ctx, message)
+        except GatewayError as exc:
+            return jsonrpc.error_response(message.id, exc)
+        return jsonrpc.result_response(message.id, result)
+
+    async def notify(self, ctx: CallContext, message: Notification) -> None:
+        """Handle a notification. Nothing is ever answered, not even an error."""
+        if message.method == "notifications/cancelled":
+            self._cancel(ctx, message.params)
+            return
+        if message.method.startswith("notifications/"):
+            return
+        try:
+            target = await self._direct_target(ctx.principal, message.method)
+            await target.server.notify(target.method, _authorized_params(message.params))
+        except GatewayError as exc:
+            logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
+
+    async def _route(self, ctx: CallContext, message: Request) -> Any:
+        method = message.method
+        if method == "ping":
+            return {}
+        if method == "tools/list":
+            return await self.list_tools(ctx.principal)
+        if method == "tools/call":
+            return await self._tools_call(ctx, message)
+        if method == "logging/setLevel":
+            return _set_level(ctx, message.params)
+        target = await self._direct_target(ctx.principal, method)
+        return await self._tracked(ctx, message, self._direct_call(ctx, target, message.params))
+
+    def initialize_result(self, version: str) -> dict[str, Any]:
+        """The answer to MCP `initialize` once the session exists."""
+        return {
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": True}, "logging": {}},
+            "serverInfo": SERVER_INFO,
+            "instructions": f"Tools of several servers, each named <server>{self.separator}<tool>.",
+        }
+
+    def tools_changed(self, server: str) -> None:
+        """A server's tool list changed: tell every session on its GET stream."""
+        if self.sessions is not None:
+            logger.info("server=%s tools changed; notifying sessions", server)
+            self.sessions.broadcast({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+    # -- routing ---------------------------------------------------------------------------
+
+    async def _direct_target(self, principal: Principal, method: str) -> Target:
+        """The target of a direct `server.method` call; unknown and denied raise the same MethodNotFound."""
+        server_name, dot, rest = method.partition(".")
+        server = self.pool.get(server_name) if dot else None
+        if server is None or policy.decide(principal, method) is Decision.DENY:
+            raise MethodNotFound(method)
+        if not await self._has_method(server, rest):
+            raise MethodNotFound(method)
+        target = Target(server, rest)
+        self._check_confirm(principal, target)
+        return target
+
+    async def _has_method(self, server: ToolServer, method: str) -> bool:
+        if server.config.protocol == "jsonrpc":
+            return method in server.config.methods
+        return any(tool.method == method for tool in await server.tools())
+
+    def _check_confirm(self, principal: Principal, target: Target) -> None:
+        if policy.decide(principal, target.canonical) is Decision.CONFIRM:
+            # The confirmation gate is not built yet: a call that needs a person never runs.
+            raise ConfirmationRequired(
+                f"{target.canonical} needs a person's confirmation",
+                {"method": target.canonical},
+            )
+
+    def tool_name(self, server: str, method: str) -> str | None:
+        """The MCP tool name for `server.method`, or None when it cannot be a valid one."""
+        name = f"{server}{self.separator}{method}"
+        return name if TOOL_NAME.fullmatch(name) else None
+
+    async def _tool_target(self, principal: Principal, name: Any) -> tuple[Target, ToolDef]:
+        """The target of `tools/call {name}`; unknown and denied raise the same UnknownTool."""
+        if not isinstance(name, str):
+            raise InvalidParams("tools/call needs params.name, a string")
+        server_name, sep, _ = name.partition(self.separator)
+        server = self.pool.get(server_name) if sep else None
+        if server is None:
+            raise UnknownTool(name)
+        for tool in await self._visible_tools(principal, server):
+            if self.tool_name(server.name, tool.method) == name:
+                target = Target(server, tool.method)
+                self._check_confirm(principal, target)
+                return target, tool
+        raise UnknownTool(name)
+
+    async def _visible_tools(self, principal: Principal, server: ToolServer) -> list[ToolDef]:
+        """The server's tools this principal may call (or call after confirmation)."""
+        if not _may_see_server(principal, server.name):
+            return []
+        tools = await server.tools()
+        return [t for t in tools if policy.decide(principal, f"{server.name}.{t.method}") is not Decision.DENY]
+
+    # -- MCP methods -----------------------------------------------------------------------
+
+    async def list_tools(self, principal: Principal) -> dict[str, Any]:
+        """Every tool the principal may call, across servers, in a deterministic order."""
+        servers = [s for s in self.pool.servers.values() if _may_see_server(principal, s.name)]
+        listed = await asyncio.gather(*(self._visible_tools(principal, s) for s in servers), return_exceptions=True)
+        tools: list[dict[str, Any]] = []
+        for server, result in zip(servers, listed, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("server=%s left out of tools/list: %s", server.name, result)
+                continue
+            tools.extend(self._describe(server, tool) for tool in sorted(result, key=lambda t: t.method))
+        return {"tools": [tool for tool in tools if tool]}
+
+    def _describe(self, server: ToolServer, tool: ToolDef) -> dict[str, Any]:
+        name = self.tool_name(server.name, tool.method)
+        if name is None:
+            logger.warning("server=%s tool %r has no valid MCP name; call it directly", server.name, tool.method)
+            return {}
+        if tool.raw is not None:
+            return {**tool.raw, "name": name}
+        described: dict[str, Any] = {"name": name, "inputSchema": tool.input_schema}
+        if tool.description:
+            described["description"] = tool.description
+        return described
+
+    async def _tools_call(self, ctx: CallContext, message: Request) -> Any:
+        params = message.params
+        if not isinstance(params, dict):
+            raise InvalidParams("tools/call needs params {name, arguments}")
+        target, _ = await self._tool_target(ctx.principal, params.get("name"))
+        arguments = params.get("arguments", {})
+        if not isinstance(arguments, dict):
+            raise InvalidParams("tools/call params.arguments must be an object")
+        return await self._tracked(ctx, message, self._tool_call(ctx, target, arguments, params.get("_meta")))
+
+    async def _tool_call(self, ctx: CallContext, target: Target, arguments: dict[str, Any], meta: Any) -> Any:
+        events, progress = _event_mapper(ctx, meta)
+        server = target.server
+        if server.config.protocol == "mcp":
+            return await server.call(target.method, _authorized_params(arguments), on_event=events, progress=progress)
+        declared = server.config.methods[target.method]
+        try:
+            result = await self._call_jsonrpc(server, target.method, declared, arguments, events, progress)
+        except UpstreamError as exc:
+            # The tool's own failure is a result the model can read, not a protocol error.
+            return {"content": [{"type": "text", "text": exc.message}], "isError": True, "structuredContent": {
+                "error": exc.error}}
+        return _as_tool_result(result)
+
+    async def _call_jsonrpc(
+        self, server: ToolServer, method: str, declared: MethodConfig, params: Any, events: Emit | None, progress: bool
+    ) -> Any:
+        if declared.notification:
+            await server.notify(method, _authorized_params(params))
+            return None
+        return await server.call(method, _authorized_params(params), on_event=events, progress=progress)
+
+    async def _direct_call(self, ctx: CallContext, target: Target, params: Any) -> Any:
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        events, progress = _event_mapper(ctx, meta)
+        server = target.server
+        if server.config.protocol == "mcp":
+            arguments = {k: v for k, v in params.items() if k != "_meta"} if isinstance(params, dict) else params
+            return await server.call(target.method, _authorized_params(arguments), on_event=events, progress=progress)
+        return await self._call_jsonrpc(
+            server, target.method, server.config.methods[target.method], params, events, progress
+        )
+
+    # -- cancellation ----------------------------------------------------------------------
+
+    async def _tracked(self, ctx: CallContext, message: Request, call: Any) -> Any:
+        """Run a call so the client's `notifications/cancelled` for its id can stop it."""
+        key = _inflight_key(ctx, message.id)
+        task: asyncio.Task[Any] = asyncio.ensure_future(call)
+        self._inflight[key] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current and current.cancelling()):
+                raise RequestCancelled("the request was cancelled by the client") from None
+            raise
+        finally:
+            if self._inflight.get(key) is task:
+                del self._inflight[key]
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def _cancel(self, ctx: CallContext, params: Any) -> None:
+        if not isinstance(params, dict) or "requestId" not in params:
+            return
+        task = self._inflight.get(_inflight_key(ctx, params["requestId"]))
+        if task is not None:
+            logger.info("client=%s cancelled request %.64r", ctx.principal.name, params["requestId"])
+            task.cancel()
+
+
+def _may_see_server(principal: Principal, server: str) -> bool:
+    """Cheap pre-check so tools/list does not start servers the principal can call nothing on."""
+    prefix = f"{server}."
+    # A name can match a pattern only if it starts with the pattern's text before its first `*`.
+    literals = (pattern.split("*", 1)[0] for pattern in principal.allow + principal.confirm)
+    return any(prefix.startswith(lit) or lit.startswith(prefix) for lit in literals)
+
+
+def _inflight_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:
+    session = ctx.session.id if ctx.session else ""
+    return (ctx.principal.name, session, json.dumps(request_id))
+
+
+def _authorized_params(params: Any) -> Any:
+    """A fresh copy of the authorized object, so what reaches the child is exactly what was checked."""
+    if params is None:
+        return None
+    copied: Any = json.loads(jsonrpc.dumps(params))
+    return copied
+
+
+def _event_mapper(ctx: CallContext, meta: Any) -> tuple[Emit | None, bool]:
+    """A sink that turns a child's notifications into the caller's, and whether progress was asked for."""
+    emit = ctx.emit
+    if emit is None:
+        return None, False
+    token = meta.get("progressToken") if isinstance(meta, dict) else None
+    session = ctx.session
+
+    def forward(message: dict[str, Any]) -> None:
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return
+        if message.get("method") == "notifications/progress":
+            if token is not None:
+                mapped = {**params, "progressToken": token}
+                emit({"jsonrpc": "2.0", "method": "notifications/progress", "params": mapped})
+        elif message.get("method") == "notifications/message":
+            if session is None or session.wants_log(params.get("level")):
+                emit({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+
+    return forward, token is not None
+
+
+def _as_tool_result(result: Any) -> dict[str, Any]:
+    """A plain JSON-RPC result as an MCP CallToolResult: text for the model, structure for programs."""
+    structured = result if isinstance(result, dict) else {"result": result}
+    return {"content": [{"type": "text", "text": json.dumps(result, ensure_ascii=False)}],
+            "structuredContent": structured, "isError": False}
+
+
+def _set_level(ctx: CallContext, params: Any) -> dict[str, Any]:
+    level = params.get("level") if isinstance(params, dict) else None
+    if level not in LOG_LEVELS:
+        raise InvalidParams(f"logging/setLevel: level must be one of {', '.join(LOG_LEVELS)}")
+    if ctx.session is not None:
+        ctx.session.log_level = level
+    return {}

@@ -1,0 +1,183 @@
+"""JSON-RPC 2.0 messages: the one strict parse of a body, message shapes and encoding.
+
+Owns: turning bytes into `Request` / `Notification` / `Response` objects (or the error each
+malformed element earns), batch rules, nesting-depth and duplicate-key refusal, and compact
+single-line encoding. Does not own: what a method means (gateway.py) or HTTP (web/).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gatewayd.errors import GatewayError, InvalidRequest, ParseError, error_response
+
+JsonId = str | int | None
+Params = dict[str, Any] | list[Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A call that expects an answer."""
+
+    id: JsonId
+    method: str
+    params: Params
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A call that never gets an answer, not even an error."""
+
+    method: str
+    params: Params
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A client's answer to a request the gateway sent it (e.g. elicitation)."""
+
+    id: JsonId
+    result: Any
+    error: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """An element that is not a valid message; answered with `error` and the id it carried, if any."""
+
+    id: JsonId
+    error: GatewayError
+
+
+Message = Request | Notification | Response | Invalid
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A parsed HTTP body: one message, or a batch of them."""
+
+    messages: list[Message]
+    is_batch: bool
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey("duplicate key in a JSON object")
+    return obj
+
+
+_decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether `value` nests deeper than `limit`, walked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def loads(data: bytes | str) -> Any:
+    """Decode JSON strictly: duplicate keys are refused. Raises ValueError or RecursionError."""
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    return _decoder.decode(text)
+
+
+def parse_body(data: bytes, *, max_depth: int, max_batch: int) -> Body:
+    """Parse an HTTP body into messages. Raises ParseError or InvalidRequest for the body as a whole."""
+    try:
+        value = loads(data)
+    except _DuplicateKey as exc:
+        raise InvalidRequest("Invalid Request: duplicate key in a JSON object") from exc
+    except RecursionError as exc:
+        raise InvalidRequest(f"Invalid Request: JSON nested deeper than {max_depth}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ParseError("Parse error") from exc
+    if _depth_exceeds(value, max_depth):
+        raise InvalidRequest(f"Invalid Request: JSON nested deeper than {max_depth}")
+    if isinstance(value, list):
+        if not value:
+            raise InvalidRequest("Invalid Request: empty batch")
+        if len(value) > max_batch:
+            raise InvalidRequest(f"Invalid Request: batch longer than {max_batch}")
+        return Body([parse_message(item) for item in value], is_batch=True)
+    return Body([parse_message(value)], is_batch=False)
+
+
+def _valid_id(value: Any) -> bool:
+    return value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def parse_message(value: Any) -> Message:
+    """Classify one decoded JSON value as a message, or as Invalid with the error it earns."""
+    if not isinstance(value, dict):
+        return Invalid(None, InvalidRequest("Invalid Request"))
+    raw_id = value.get("id")
+    msg_id = raw_id if _valid_id(raw_id) else None
+    if value.get("jsonrpc") != "2.0" or not _valid_id(raw_id):
+        return Invalid(msg_id, InvalidRequest("Invalid Request"))
+    if "method" in value:
+        return _parse_call(value, msg_id)
+    if "id" in value and (("result" in value) != ("error" in value)):
+        error = value.get("error")
+        if error is not None and not isinstance(error, dict):
+            return Invalid(msg_id, InvalidRequest("Invalid Request"))
+        return Response(msg_id, value.get("result"), error)
+    return Invalid(msg_id, InvalidRequest("Invalid Request"))
+
+
+_CALL_KEYS = frozenset({"jsonrpc", "method", "params", "id"})
+
+
+def _parse_call(value: dict[str, Any], msg_id: JsonId) -> Message:
+    method = value["method"]
+    params = value.get("params")
+    if not isinstance(method, str) or not value.keys() <= _CALL_KEYS:
+        return Invalid(msg_id, InvalidRequest("Invalid Request"))
+    if "params" in value and not isinstance(params, dict | list):
+        return Invalid(msg_id, InvalidRequest("Invalid Request: params must be an object or an array"))
+    if "id" in value:
+        return Request(msg_id, method, params)
+    return Notification(method, params)
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact single-line UTF-8 JSON: safe for one SSE `data:` line and one stdio line."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def result_response(request_id: JsonId, result: Any) -> dict[str, Any]:
+    """A complete JSON-RPC success response."""
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+__all__ = [
+    "Body",
+    "Invalid",
+    "Message",
+    "Notification",
+    "Request",
+    "Response",
+    "dumps",
+    "error_response",
+    "loads",
+    "parse_body",
+    "parse_message",
+    "result_response",
+]

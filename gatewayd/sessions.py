@@ -1,0 +1,126 @@
+"""MCP sessions of the 2025-era Streamable HTTP transport, and their server-to-client streams.
+
+Owns: minting unguessable session ids, binding each to the client that created it,
+negotiated version and capabilities, the queue behind the session's GET stream, the limit
+on how many exist, and forgetting idle ones. Does not own HTTP (web/) or calls (gateway.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatewayd.errors import HttpError
+
+logger = logging.getLogger(__name__)
+
+# Versions of the legacy (initialize + Mcp-Session-Id) era this gateway speaks, newest first.
+SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+LATEST_VERSION = SUPPORTED_VERSIONS[0]
+# What a session without an MCP-Protocol-Version header is assumed to speak (the spec's rule).
+DEFAULT_HEADER_VERSION = "2025-03-26"
+# Notifications held for a session's GET stream before the oldest are dropped.
+OUTBOUND_QUEUE_LIMIT = 256
+# Session ids carry this many random bytes (256 bits): unguessable.
+SESSION_ID_BYTES = 32
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+
+
+@dataclass
+class Session:
+    """One MCP client session, owned by the client (principal) that created it."""
+
+    id: str
+    principal: str
+    protocol_version: str
+    capabilities: dict[str, Any]
+    client_info: dict[str, Any]
+    last_used: float = field(default_factory=time.monotonic)
+    log_level: str = "debug"
+    # None tells the GET stream to end (the session was deleted).
+    outbound: asyncio.Queue[dict[str, Any] | None] = field(
+        default_factory=lambda: asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
+    )
+    stream_open: bool = False
+
+    def push(self, message: dict[str, Any]) -> None:
+        """Queue a notification for the GET stream; the oldest is dropped when full."""
+        if self.outbound.full():
+            self.outbound.get_nowait()
+        self.outbound.put_nowait(message)
+
+    def wants_log(self, level: Any) -> bool:
+        """Whether a `notifications/message` at `level` passes this session's `logging/setLevel`."""
+        if level not in LOG_LEVELS:
+            return True
+        return LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.log_level)
+
+
+def negotiate(requested: Any) -> str:
+    """The version to answer `initialize` with: the client's if supported, else our latest."""
+    return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
+
+
+class Sessions:
+    """All live sessions."""
+
+    def __init__(self, max_sessions: int, idle_timeout: float) -> None:
+        self._by_id: dict[str, Session] = {}
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def create(self, principal: str, params: dict[str, Any]) -> Session:
+        """A new session for an `initialize` request. Raises HttpError(503) when at the limit."""
+        self.expire()
+        if len(self._by_id) >= self.max_sessions:
+            raise HttpError(503, "too many MCP sessions", {"Retry-After": "5"})
+        capabilities = params.get("capabilities")
+        client_info = params.get("clientInfo")
+        session = Session(
+            id=secrets.token_urlsafe(SESSION_ID_BYTES),
+            principal=principal,
+            protocol_version=negotiate(params.get("protocolVersion")),
+            capabilities=capabilities if isinstance(capabilities, dict) else {},
+            client_info=client_info if isinstance(client_info, dict) else {},
+        )
+        self._by_id[session.id] = session
+        logger.info("session created for client=%s (%s, %d live)", principal, session.protocol_version, len(self))
+        return session
+
+    def get(self, session_id: str, principal: str) -> Session | None:
+        """The session, if it exists and belongs to `principal`; another client's id is as good as unknown."""
+        session = self._by_id.get(session_id)
+        if session is None or session.principal != principal:
+            return None
+        session.last_used = time.monotonic()
+        return session
+
+    def delete(self, session_id: str) -> None:
+        """End a session; its id answers 404 from now on."""
+        self._by_id.pop(session_id, None)
+
+    def expire(self) -> None:
+        """Forget sessions unused for `idle_timeout`."""
+        cutoff = time.monotonic() - self.idle_timeout
+        for session_id in [sid for sid, s in self._by_id.items() if s.last_used < cutoff and not s.stream_open]:
+            del self._by_id[session_id]
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        """Queue a notification for every session's GET stream."""
+        for session in self._by_id.values():
+            session.push(message)
+
+    def broadcast_close(self) -> None:
+        """Tell every GET stream to end (the daemon is stopping)."""
+        for session in self._by_id.values():
+            if session.outbound.full():
+                session.outbound.get_nowait()
+            session.outbound.put_nowait(None)

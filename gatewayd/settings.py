@@ -1,0 +1,102 @@
+"""Daemon settings: where to listen, where the config lives, and every limit.
+
+Owns the settings model and where values come from: command-line flags (highest), then
+`GATEWAYD_*` environment variables, then an optional `gatewayd.toml` in the config directory
+(or the file named by `GATEWAYD_SETTINGS_FILE`), then the defaults below. Does not own tool
+server or policy config (config/).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_PORT = 8765
+SETTINGS_FILE_NAME = "gatewayd.toml"
+
+
+def _settings_file() -> Path:
+    explicit = os.environ.get("GATEWAYD_SETTINGS_FILE")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("GATEWAYD_CONFIG_DIR", ".")) / SETTINGS_FILE_NAME
+
+
+class Settings(BaseSettings):
+    """Everything the daemon reads at start; each field documents itself in `gatewayd --help`."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAYD_", extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port to listen on (0 picks a free one)")
+    config_dir: Path = Field(Path("."), description="directory holding tools.d/ and policies/")
+    admin_socket: Path = Field(
+        Path("/tmp/gatewayd-admin.sock"), description="unix socket for gatewayctl's admin verbs"
+    )
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header values accepted (default: the loopback names with the listen port)",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="Origin header values accepted when present (default: http://<allowed host>)",
+    )
+    tool_name_separator: str = Field("__", description="joins server and method into an MCP tool name")
+    # A few MiB holds any sane tool call; larger bodies are refused before they are read.
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
+    max_json_depth: int = Field(64, ge=2, description="deepest JSON nesting accepted in a request")
+    max_batch: int = Field(32, ge=1, description="most elements in one JSON-RPC batch")
+    # A comment line this often keeps proxies and clients from dropping a quiet stream.
+    sse_keepalive: float = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
+    max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
+    # A session nobody used for this long is forgotten, so abandoned clients do not pile up.
+    session_idle_timeout: float = Field(3600.0, gt=0, description="seconds before an unused session ends")
+    # How long shutdown waits for calls in flight before stopping the tool servers anyway.
+    shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags, then environment, then the optional TOML file."""
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_settings_file())
+        return (init_settings, env_settings, toml)
+
+    def hosts(self, port: int) -> list[str]:
+        """The Host header values to accept once the real port is known."""
+        if self.allowed_hosts:
+            return list(self.allowed_hosts)
+        names = ["127.0.0.1", "localhost", "[::1]"]
+        if self.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+            names.append(self.host)
+        return [f"{name}:{port}" for name in names] + names
+
+    def origins(self, port: int) -> list[str]:
+        """The Origin header values to accept once the real port is known."""
+        if self.allowed_origins:
+            return list(self.allowed_origins)
+        return [f"http://{host}" for host in self.hosts(port)]
+
+
+def describe() -> list[tuple[str, str, Any]]:
+    """(flag name, description, default) for each setting, for `gatewayd --help`."""
+    rows = []
+    for name, field in Settings.model_fields.items():
+        default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+        rows.append((name, field.description or "", default))
+    return rows

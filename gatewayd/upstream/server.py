@@ -1,0 +1,400 @@
+"""One tool server: lifecycle, lazy start, MCP handshake, tool catalog, admission, idle stop, restart backoff.
+
+Owns the state machine of one `tools.d/<name>.toml` entry and at most one live Connection
+to its child. Concurrent first calls share one start. A crash fails the calls in flight
+(connection.py) and delays the next start by an exponential backoff; too many crashes in
+a window leave the server `failed` until its config changes or an admin restarts it.
+Does not own routing or policy (gateway.py) or the set of servers (pool.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatewayd import __version__
+from gatewayd.config.models import ServerConfig
+from gatewayd.errors import (
+    GatewayError,
+    Overloaded,
+    ToolServerFailed,
+    ToolServerUnavailable,
+    UpstreamError,
+)
+from gatewayd.upstream.connection import Connection, EventSink
+
+logger = logging.getLogger(__name__)
+
+# The MCP version the gateway offers its tool servers; it accepts whatever they answer.
+UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
+# First restart delay after a crash; doubles per crash in the window, capped below.
+BACKOFF_BASE = 0.5
+BACKOFF_MAX = 30.0
+# A `tools/list` that pages forever is cut off here.
+MAX_TOOL_PAGES = 100
+# Shortest idle re-check, so a timer that fires a hair early does not spin.
+IDLE_MIN_WAIT = 0.01
+
+
+class State(enum.StrEnum):
+    """Where a tool server is in its life."""
+
+    STOPPED = "stopped"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    """One tool (MCP) or declared method (plain JSON-RPC) of a server."""
+
+    method: str
+    description: str
+    input_schema: dict[str, Any]
+    # The server's own MCP tool object, passed to agents verbatim except for its name.
+    raw: dict[str, Any] | None = None
+
+
+class ToolServer:
+    """A tool server by name. Start it with `ensure_running`, call through `call`/`call_tool`, end with `stop`."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        config_dir: Path,
+        on_tools_changed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.config_dir = config_dir
+        self._on_tools_changed = on_tools_changed
+        self.state = State.STOPPED
+        self._conn: Connection | None = None
+        self._start_lock = asyncio.Lock()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._tools: list[ToolDef] | None = None
+        self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._waiting = 0
+        self._active = 0
+        self._last_activity = time.monotonic()
+        self._crashes: list[float] = []
+        self._next_start = 0.0
+        self.restarts = 0
+        self.last_exit: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's pid, if any."""
+        return self._conn.pid if self._conn is not None and self._conn.alive else None
+
+    def _touch(self) -> None:
+        self._last_activity = time.monotonic()
+
+    async def ensure_running(self) -> Connection:
+        """The live connection, starting the child (and its MCP handshake) if needed."""
+        conn = self._conn
+        if conn is not None and conn.alive and self.state is State.RUNNING:
+            return conn
+        async with self._start_lock:
+            conn = self._conn
+            if conn is not None and conn.alive and self.state is State.RUNNING:
+                return conn
+            return await self._start()
+
+    async def _start(self) -> Connection:
+        if self.state is State.FAILED:
+            raise ToolServerFailed(
+                f"tool server {self.name!r} failed: it crashed {len(self._crashes)} times within "
+                f"{self.config.restart_window:g}s; fix it and reload, or restart it",
+                {"server": self.name, "last_exit": self.last_exit},
+            )
+        delay = self._next_start - time.monotonic()
+        if delay > 0:
+            # The backoff is bounded by BACKOFF_MAX; the caller's own deadline bounds it too.
+            await asyncio.sleep(delay)
+        self.state = State.STARTING
+        conn = Connection(
+            self.name,
+            self.config.argv,
+            env=self.config.env,
+            cwd=str(self.config_dir / self.config.cwd) if self.config.cwd else None,
+            on_notification=self._on_notification,
+            on_activity=self._touch,
+        )
+        try:
+            await conn.open()
+            if self.config.protocol == "mcp":
+                await self._handshake(conn)
+        except GatewayError as exc:
+            await self._start_failed(conn, exc)
+            raise
+        self._conn = conn
+        self.state = State.RUNNING
+        self._touch()
+        self._watch_task = asyncio.create_task(self._watch(conn), name=f"{self.name}-watch")
+        return conn
+
+    async def _start_failed(self, conn: Connection, exc: GatewayError) -> None:
+        logger.warning("server=%s start failed: %s", self.name, exc.message)
+        info = await conn.close()
+        self.last_exit = info.describe()
+        self._record_crash()
+
+    async def _handshake(self, conn: Connection) -> None:
+        timeout = self.config.startup_timeout
+        try:
+            result = await conn.call(
+                "initialize",
+                {
+                    "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "gatewayd", "version": __version__},
+                },
+                timeout=timeout,
+            )
+            await conn.notify("notifications/initialized")
+            self._tools = await self._fetch_tools(conn)
+        except UpstreamError as exc:
+            raise ToolServerUnavailable(
+                f"tool server {self.name!r} refused the MCP handshake: {exc.message}", {"server": self.name}
+            ) from exc
+        logger.info(
+            "server=%s pid=%d ready: protocol %s, %d tools",
+            self.name, conn.pid, result.get("protocolVersion") if isinstance(result, dict) else "?", len(self._tools),
+        )
+
+    async def _fetch_tools(self, conn: Connection) -> list[ToolDef]:
+        tools: list[ToolDef] = []
+        cursor: Any = None
+        for _ in range(MAX_TOOL_PAGES):
+            params = {"cursor": cursor} if cursor is not None else {}
+            try:
+                page = await conn.call("tools/list", params, timeout=self.config.startup_timeout)
+            except UpstreamError as exc:
+                # A server without the tools capability has nothing to list; that is not a failure.
+                logger.info("server=%s tools/list refused: %s", self.name, exc.message)
+                break
+            if not isinstance(page, dict):
+                break
+            tools.extend(_tool_def(item) for item in page.get("tools", []) if _valid_tool(item))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return tools
+
+    async def _watch(self, conn: Connection) -> None:
+        """Owns the running child: notices its exit and stops it after `idle_timeout` of silence."""
+        while True:
+            if await _exited_within(conn, self._idle_wait()):
+                self._after_exit(conn)
+                return
+            if await self._stop_if_idle(conn):
+                return
+
+    def _idle_wait(self) -> float | None:
+        """How long the child may stay silent from now; None when it never idles out."""
+        idle = self.config.idle_timeout
+        if not idle:
+            return None
+        if self._active:
+            # Busy: activity is touched again when the calls end, so check back one period later.
+            return idle
+        return max(self._last_activity + idle - time.monotonic(), IDLE_MIN_WAIT)
+
+    async def _stop_if_idle(self, conn: Connection) -> bool:
+        if self._active or conn.in_flight or time.monotonic() - self._last_activity < self.config.idle_timeout:
+            return False
+        async with self._start_lock:
+            if self._active or self._conn is not conn:
+                return False
+            logger.info("server=%s pid=%d idle for %gs, stopping", self.name, conn.pid, self.config.idle_timeout)
+            self.state = State.STOPPING
+            self._conn = None
+        await conn.close()
+        if self.state is State.STOPPING:
+            self.state = State.STOPPED
+        return True
+
+    def _after_exit(self, conn: Connection) -> None:
+        if self._conn is not conn:
+            return
+        self._conn = None
+        info = conn.exit_info
+        self.last_exit = info.describe() if info else None
+        self._record_crash()
+        if self.state is not State.FAILED:
+            self.state = State.STOPPED
+
+    def _record_crash(self) -> None:
+        now = time.monotonic()
+        window = self.config.restart_window
+        self._crashes = [t for t in self._crashes if now - t < window] + [now]
+        if len(self._crashes) > self.config.max_restarts:
+            self.state = State.FAILED
+            logger.error("server=%s crashed %d times within %gs: failed", self.name, len(self._crashes), window)
+            return
+        self.state = State.STOPPED
+        self.restarts += 1
+        backoff = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (len(self._crashes) - 1))
+        self._next_start = now + backoff
+        logger.warning("server=%s will restart on the next call, not before %.1fs", self.name, backoff)
+
+    def reset(self) -> None:
+        """Forget crashes (admin restart or new config): a failed server may start again."""
+        self._crashes.clear()
+        self._next_start = 0.0
+        if self.state is State.FAILED:
+            self.state = State.STOPPED
+
+    async def stop(self) -> None:
+        """Stop the child, if running, with the full escalation; calls in flight fail."""
+        async with self._start_lock:
+            conn, self._conn = self._conn, None
+            if self.state is not State.FAILED:
+                self.state = State.STOPPING
+        if conn is not None:
+            await conn.close()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            await asyncio.gather(self._watch_task, return_exceptions=True)
+        if self.state is State.STOPPING:
+            self.state = State.STOPPED
+
+    def _on_notification(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        if method == "notifications/tools/list_changed":
+            self._tools = None
+            if self._on_tools_changed is not None:
+                self._on_tools_changed(self.name)
+        elif method == "notifications/message":
+            logger.info("server=%s log: %.500s", self.name, message.get("params"))
+        else:
+            logger.debug("server=%s notification %s dropped", self.name, method)
+
+    # -- calls -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, timeout: float) -> Any:
+        """Hold one of `max_in_flight` slots; wait in a queue of at most `max_queued`."""
+        if self._slots.locked() and self._waiting >= self.config.max_queued:
+            raise Overloaded(
+                f"tool server {self.name!r} is busy: {self.config.max_in_flight} calls in flight, "
+                f"{self._waiting} waiting",
+                {"server": self.name, "max_in_flight": self.config.max_in_flight},
+            )
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name}) from None
+        finally:
+            self._waiting -= 1
+        self._active += 1
+        self._touch()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            self._slots.release()
+            self._touch()
+
+    async def call(
+        self, method: str, params: Any, *, on_event: EventSink | None = None, progress: bool = False
+    ) -> Any:
+        """Call a plain JSON-RPC method, or an MCP tool (as `tools/call`). Returns the child's raw result."""
+        timeout = self.config.timeout_for(method)
+        async with self._admitted(timeout):
+            conn = await self.ensure_running()
+            if self.config.protocol == "jsonrpc":
+                return await self._call_jsonrpc(conn, method, params, timeout, on_event, progress)
+            return await self._call_mcp_tool(conn, method, params, timeout, on_event, progress)
+
+    async def _call_jsonrpc(
+        self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
+    ) -> Any:
+        call_id = conn.new_id()
+        if progress and isinstance(params, dict):
+            # Progress is routed by token; the gateway's id replaces the client's, as for MCP.
+            meta: dict[str, Any] = params["_meta"] if isinstance(params.get("_meta"), dict) else {}
+            params = {**params, "_meta": {**meta, "progressToken": call_id}}
+        return await conn.call(method, params, timeout=timeout, on_event=on_event, request_id=call_id)
+
+    async def _call_mcp_tool(
+        self, conn: Connection, tool: str, arguments: Any, timeout: float, on_event: EventSink | None, progress: bool
+    ) -> Any:
+        call_id = conn.new_id()
+        params: dict[str, Any] = {"name": tool, "arguments": arguments if arguments is not None else {}}
+        if progress:
+            # The gateway's own id is the token: unique per child, whatever the clients chose.
+            params["_meta"] = {"progressToken": call_id}
+        return await conn.call(
+            "tools/call", params, timeout=timeout, on_event=on_event, request_id=call_id, cancel_on_timeout=True
+        )
+
+    async def notify(self, method: str, params: Any) -> None:
+        """Send a notification-only method; nothing comes back."""
+        async with self._admitted(self.config.timeout_for(method)):
+            conn = await self.ensure_running()
+            await conn.notify(method, params)
+
+    async def tools(self) -> list[ToolDef]:
+        """The server's tools: declared in config (plain JSON-RPC) or listed by the child (MCP, cached)."""
+        if self.config.protocol == "jsonrpc":
+            return [
+                ToolDef(name, method.description, method.input_schema)
+                for name, method in self.config.methods.items()
+            ]
+        if self._tools is None or self._conn is None:
+            conn = await self.ensure_running()
+            if self._tools is None:
+                self._tools = await self._fetch_tools(conn)
+        return self._tools
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for logs, the admin API and metrics."""
+        return {
+            "name": self.name,
+            "state": str(self.state),
+            "pid": self.pid,
+            "protocol": self.config.protocol,
+            "in_flight": self._active,
+            "waiting": self._waiting,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+        }
+
+
+def _valid_tool(item: Any) -> bool:
+    return isinstance(item, dict) and isinstance(item.get("name"), str) and bool(item["name"])
+
+
+def _tool_def(item: dict[str, Any]) -> ToolDef:
+    schema = item.get("inputSchema")
+    return ToolDef(
+        item["name"],
+        item.get("description") or "",
+        schema if isinstance(schema, dict) else {"type": "object"},
+        item,
+    )
+
+
+async def _exited_within(conn: Connection, timeout: float | None) -> bool:
+    try:
+        async with asyncio.timeout(timeout):
+            await conn.wait_exited()
+    except TimeoutError:
+        return False
+    return True

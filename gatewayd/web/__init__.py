@@ -1,0 +1,1 @@
+"""The HTTP side: routes and limits (app.py), bearer tokens (auth.py), MCP Streamable HTTP (mcp_http.py)."""

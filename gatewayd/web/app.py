@@ -1,0 +1,55 @@
+"""The aiohttp application: routes, the Host/Origin guard, and turning HttpError into a status.
+
+Owns which paths exist, the checks every request passes before any handler (Host → 421,
+Origin → 403), and the one place an HttpError becomes an HTTP response. Does not own the
+MCP endpoint's logic (mcp_http.py) or tokens (auth.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gatewayd.errors import HttpError
+from gatewayd.web import mcp_http
+from gatewayd.web.mcp_http import STATE, WebState
+
+logger = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse requests for a Host we do not serve (DNS rebinding) or from a foreign Origin; map HttpError."""
+    state = request.app[STATE]
+    try:
+        host = request.headers.get("Host", "")
+        if host not in state.hosts:
+            raise HttpError(421, f"Host {host[:100]!r} is not served here")
+        origin = request.headers.get("Origin")
+        if origin is not None and origin not in state.origins:
+            raise HttpError(403, f"Origin {origin[:100]!r} is not allowed")
+        return await handler(request)
+    except HttpError as exc:
+        return web.Response(status=exc.status, text=exc.reason + "\n", headers=exc.headers)
+    except web.HTTPRequestEntityTooLarge:
+        return web.Response(status=413, text="request body too large\n")
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+def create_app(state: WebState) -> web.Application:
+    """The application; `state.hosts`/`origins` are filled in once the listening port is known."""
+    app = web.Application(middlewares=[_guard], client_max_size=state.settings.max_body_bytes)
+    app[STATE] = state
+    app.router.add_post(MCP_PATH, mcp_http.handle_post)
+    app.router.add_get(MCP_PATH, mcp_http.handle_get)
+    app.router.add_delete(MCP_PATH, mcp_http.handle_delete)
+    app.router.add_get("/healthz", _healthz)
+    return app

@@ -1,0 +1,60 @@
+"""Bearer tokens: make them, hash them, and turn an Authorization header into a Principal.
+
+Owns the token format and the lookup. Tokens are stored only as SHA-256 hex digests in
+`policies/*.toml`; a presented token is hashed and compared against every digest in
+constant time. Does not own what a principal may do (policy.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from gatewayd.config.loader import Snapshot
+from gatewayd.errors import HttpError
+from gatewayd.policy import Principal, principal_for
+
+# 32 random bytes: a token nobody can guess or brute-force through its hash.
+TOKEN_BYTES = 32
+TOKEN_PREFIX = "gwd_"
+CHALLENGE = 'Bearer realm="gatewayd"'
+
+
+def new_token() -> str:
+    """A fresh random token; shown once, stored only as its hash."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def hash_token(token: str) -> str:
+    """The SHA-256 hex digest kept in policy files."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class TokenTable:
+    """The clients of one snapshot, by token digest."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self._entries = [
+            (bytes.fromhex(digest), name) for name, client in snapshot.clients.items() for digest in client.token_sha256
+        ]
+        self._principals: dict[str, Principal] = {name: principal_for(snapshot, name) for name in snapshot.clients}
+
+    def authenticate(self, header: str | None) -> Principal:
+        """The Principal for an `Authorization` header. Raises HttpError(401) for none or a wrong one."""
+        if not header:
+            raise HttpError(401, "missing bearer token", {"WWW-Authenticate": CHALLENGE})
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise HttpError(401, "expected: Authorization: Bearer <token>", {"WWW-Authenticate": CHALLENGE})
+        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        found: str | None = None
+        # Compare against every entry so the time taken does not depend on which one matched.
+        for stored, name in self._entries:
+            if hmac.compare_digest(stored, digest):
+                found = name
+        if found is None:
+            raise HttpError(401, "invalid token", {"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'})
+        return self._principals[found]

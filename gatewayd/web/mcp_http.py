@@ -1,0 +1,270 @@
+"""The `/mcp` endpoint: JSON-RPC 2.0 over HTTP and MCP Streamable HTTP (POST, GET, DELETE, SSE).
+
+Owns: request framing (Content-Type, Accept), the one parse of the body, MCP session rules
+(minting on `initialize`, 400 without a session id, 404 for an unknown one, the
+MCP-Protocol-Version header), choosing a JSON or SSE answer, SSE framing and keep-alives,
+and the GET stream. Does not own routing or policy (gateway.py) or tokens (auth.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gatewayd import jsonrpc
+from gatewayd.errors import GatewayError, HttpError, InvalidRequest
+from gatewayd.gateway import CallContext, Gateway
+from gatewayd.jsonrpc import Invalid, Notification, Request, Response
+from gatewayd.policy import Principal
+from gatewayd.sessions import SUPPORTED_VERSIONS, Session, Sessions
+from gatewayd.settings import Settings
+from gatewayd.web.auth import TokenTable
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+# MCP's own methods need a session; `server.method` direct calls do not.
+SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel"})
+# Events a slow SSE reader may fall behind by before progress events are dropped (the result never is).
+SSE_QUEUE_LIMIT = 1024
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class WebState:
+    """What the HTTP layer needs from the rest of the daemon; `tokens` is swapped on reload."""
+
+    settings: Settings
+    gateway: Gateway
+    sessions: Sessions
+    tokens: TokenTable
+    # Host and Origin values served; empty until the daemon knows its port.
+    hosts: frozenset[str] = frozenset()
+    origins: frozenset[str] = frozenset()
+
+
+STATE = web.AppKey("state", WebState)
+
+
+def _state(request: web.Request) -> WebState:
+    return request.app[STATE]
+
+
+def _accepts(request: web.Request) -> tuple[bool, bool]:
+    """(accepts JSON, accepts SSE) from the Accept header; no header accepts JSON."""
+    accept = request.headers.get("Accept", "")
+    if not accept:
+        return True, False
+    parts = {part.split(";", 1)[0].strip().lower() for part in accept.split(",")}
+    json_ok = bool(parts & {"application/json", "application/*", "*/*"})
+    return json_ok, "text/event-stream" in parts
+
+
+def _check_version_header(request: web.Request) -> None:
+    version = request.headers.get(VERSION_HEADER)
+    if version is not None and version not in SUPPORTED_VERSIONS:
+        supported = ", ".join(SUPPORTED_VERSIONS)
+        raise HttpError(400, f"unsupported {VERSION_HEADER}: {version[:40]!r}; supported: {supported}")
+
+
+def _session_for(request: web.Request, principal: Principal, *, required: bool) -> Session | None:
+    """The request's session: 400 if required and absent, 404 if unknown, ended or someone else's."""
+    session_id = request.headers.get(SESSION_HEADER)
+    if session_id is None:
+        if required:
+            raise HttpError(400, f"missing {SESSION_HEADER} header: send initialize first")
+        return None
+    session = _state(request).sessions.get(session_id, principal.name)
+    if session is None:
+        raise HttpError(404, "unknown or ended session: initialize again")
+    _check_version_header(request)
+    return session
+
+
+def _json(body: Any, status: int = 200, session: Session | None = None) -> web.Response:
+    headers = {SESSION_HEADER: session.id} if session is not None else None
+    return web.Response(body=jsonrpc.dumps(body), status=status, content_type="application/json", headers=headers)
+
+
+def _body_error(error: GatewayError) -> web.Response:
+    return _json(jsonrpc.error_response(None, error), status=400)
+
+
+async def handle_post(request: web.Request) -> web.StreamResponse:
+    """POST /mcp: one message or a batch."""
+    state = _state(request)
+    principal = state.tokens.authenticate(request.headers.get("Authorization"))
+    if request.content_type != "application/json":
+        raise HttpError(415, "Content-Type must be application/json")
+    json_ok, sse_ok = _accepts(request)
+    if not (json_ok or sse_ok):
+        raise HttpError(406, "Accept must allow application/json or text/event-stream")
+    if request.content_length is not None and request.content_length > state.settings.max_body_bytes:
+        raise HttpError(413, f"body larger than {state.settings.max_body_bytes} bytes")
+    data = await request.read()
+    try:
+        body = jsonrpc.parse_body(data, max_depth=state.settings.max_json_depth, max_batch=state.settings.max_batch)
+    except GatewayError as exc:
+        logger.info("client=%s body refused: %s", principal.name, exc.message)
+        return _body_error(exc)
+    if not body.is_batch and isinstance(body.messages[0], Request) and body.messages[0].method == "initialize":
+        return _initialize(state, principal, body.messages[0])
+    needs_session = any(_needs_session(message) for message in body.messages)
+    session = _session_for(request, principal, required=needs_session)
+    ctx = CallContext(principal, session)
+    requests = await _take_non_requests(state.gateway, ctx, body.messages)
+    if not requests:
+        return web.Response(status=202)
+    if not body.is_batch and sse_ok and _is_call(requests[0]):
+        return await _answer_sse(request, state, ctx, requests[0])
+    responses = await asyncio.gather(*(_answer(state.gateway, ctx, message) for message in requests))
+    return _json(responses if body.is_batch else responses[0], session=session)
+
+
+def _needs_session(message: jsonrpc.Message) -> bool:
+    if isinstance(message, Request | Notification):
+        return message.method in SESSION_METHODS or message.method.startswith("notifications/")
+    return isinstance(message, Response)
+
+
+def _is_call(message: Request | Invalid) -> bool:
+    return isinstance(message, Request) and message.method not in ("ping", "tools/list", "logging/setLevel")
+
+
+async def _take_non_requests(
+    gateway: Gateway, ctx: CallContext, messages: list[jsonrpc.Message]
+) -> list[Request | Invalid]:
+    """Handle notifications and client responses (no answer); return what needs an answer, in order."""
+    answerable: list[Request | Invalid] = []
+    for message in messages:
+        if isinstance(message, Notification):
+            await gateway.notify(ctx, message)
+        elif isinstance(message, Response):
+            logger.debug("client=%s response to id %.64r ignored", ctx.principal.name, message.id)
+        else:
+            answerable.append(message)
+    return answerable
+
+
+async def _answer(gateway: Gateway, ctx: CallContext, message: Request | Invalid) -> dict[str, Any]:
+    if isinstance(message, Invalid):
+        return jsonrpc.error_response(message.id, message.error)
+    if message.method == "initialize":
+        return jsonrpc.error_response(message.id, InvalidRequest("initialize must be sent alone, not in a batch"))
+    return await gateway.dispatch(ctx, message)
+
+
+def _initialize(state: WebState, principal: Principal, message: Request) -> web.Response:
+    params = message.params if isinstance(message.params, dict) else {}
+    session = state.sessions.create(principal.name, params)
+    result = state.gateway.initialize_result(session.protocol_version)
+    return _json(jsonrpc.result_response(message.id, result), session=session)
+
+
+# -- SSE -----------------------------------------------------------------------------------
+
+
+def _event(message: dict[str, Any]) -> bytes:
+    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
+
+
+async def _answer_sse(
+    request: web.Request, state: WebState, ctx: CallContext, message: Request | Invalid
+) -> web.StreamResponse:
+    """Answer one call as an SSE stream: its progress and log notifications, keep-alives, then the response."""
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(SSE_QUEUE_LIMIT)
+
+    def emit(event: dict[str, Any]) -> None:
+        if not queue.full():
+            queue.put_nowait(event)
+
+    ctx.emit = emit
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    if ctx.session is not None:
+        response.headers[SESSION_HEADER] = ctx.session.id
+    await response.prepare(request)
+    call = asyncio.ensure_future(_answer(state.gateway, ctx, message))
+    try:
+        await _pump(response, queue, call, state.settings.sse_keepalive)
+        await response.write(_event(call.result()))
+    except ConnectionError:
+        # A dropped stream is not a cancellation (MCP 2025): let the call finish, bounded by its own deadline.
+        logger.info("client=%s SSE stream closed before the answer", ctx.principal.name)
+        ctx.emit = None
+        await call
+    finally:
+        if not call.done():
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+    return response
+
+
+async def _pump(
+    response: web.StreamResponse, queue: asyncio.Queue[dict[str, Any]], call: asyncio.Future[Any], keepalive: float
+) -> None:
+    """Write queued events until the call is done; a comment line after `keepalive` seconds of quiet."""
+    while not call.done():
+        getter = asyncio.ensure_future(queue.get())
+        done, _ = await asyncio.wait({call, getter}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            await response.write(_event(getter.result()))
+        else:
+            getter.cancel()
+            if not done:
+                await response.write(b": keep-alive\n\n")
+    while not queue.empty():
+        await response.write(_event(queue.get_nowait()))
+
+
+async def handle_get(request: web.Request) -> web.StreamResponse:
+    """GET /mcp: the session's server-to-client stream (tools/list_changed and the like)."""
+    state = _state(request)
+    principal = state.tokens.authenticate(request.headers.get("Authorization"))
+    _, sse_ok = _accepts(request)
+    if not sse_ok:
+        raise HttpError(406, "Accept must allow text/event-stream")
+    session = _session_for(request, principal, required=True)
+    assert session is not None
+    if session.stream_open:
+        raise HttpError(409, "this session already has an open GET stream")
+    response = web.StreamResponse(headers={**SSE_HEADERS, SESSION_HEADER: session.id})
+    await response.prepare(request)
+    session.stream_open = True
+    try:
+        await _stream_session(response, session, state.settings.sse_keepalive)
+    except ConnectionError:
+        logger.debug("client=%s GET stream closed", principal.name)
+    finally:
+        session.stream_open = False
+    return response
+
+
+async def _stream_session(response: web.StreamResponse, session: Session, keepalive: float) -> None:
+    while True:
+        try:
+            async with asyncio.timeout(keepalive):
+                message = await session.outbound.get()
+        except TimeoutError:
+            await response.write(b": keep-alive\n\n")
+            continue
+        if message is None:
+            return
+        await response.write(_event(message))
+
+
+async def handle_delete(request: web.Request) -> web.Response:
+    """DELETE /mcp: end the session; its id answers 404 from now on."""
+    state = _state(request)
+    principal = state.tokens.authenticate(request.headers.get("Authorization"))
+    session = _session_for(request, principal, required=True)
+    assert session is not None
+    state.sessions.delete(session.id)
+    with contextlib.suppress(asyncio.QueueFull):
+        session.outbound.put_nowait(None)
+    return web.Response(status=204)
