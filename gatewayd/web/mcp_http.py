@@ -105,6 +105,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     json_ok, sse_ok = _accepts(request)
     if not (json_ok or sse_ok):
         raise HttpError(406, "Accept must allow application/json or text/event-stream")
+    _check_version_header(request)
     if request.content_length is not None and request.content_length > state.settings.max_body_bytes:
         raise HttpError(413, f"body larger than {state.settings.max_body_bytes} bytes")
     data = await request.read()

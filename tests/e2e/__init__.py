@@ -1,0 +1,1 @@
+"""End-to-end tests: the real daemon as a subprocess, called over HTTP."""
