@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gatewayd.config.loader import load_snapshot
+from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.gateway import Gateway
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
@@ -31,13 +31,25 @@ def _bound_port(runner: web.AppRunner) -> int:
     return int(address[1])
 
 
-async def serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
-    """Run the daemon until SIGTERM or SIGINT. Raises ConfigInvalid before listening if the config is bad."""
-    snapshot = load_snapshot(settings.config_dir)
+def build(settings: Settings, snapshot: Snapshot) -> WebState:
+    """Wire pool, gateway, sessions and tokens for one snapshot; nothing is started yet."""
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout)
     pool = Pool(snapshot, on_tools_changed=lambda name: gateway.tools_changed(name))
     gateway = Gateway(pool, settings.tool_name_separator, sessions)
-    state = WebState(settings, gateway, sessions, TokenTable(snapshot))
+    return WebState(settings, gateway, sessions, TokenTable(snapshot))
+
+
+def listen_on(state: WebState, port: int) -> None:
+    """Accept the Host and Origin values that belong to the port we actually listen on."""
+    state.hosts = frozenset(state.settings.hosts(port))
+    state.origins = frozenset(state.settings.origins(port))
+
+
+async def serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
+    """Run the daemon until SIGTERM or SIGINT. Raises ConfigInvalid before listening if the config is bad."""
+    snapshot = load_snapshot(settings.config_dir)
+    state = build(settings, snapshot)
+    pool, sessions = state.gateway.pool, state.sessions
     runner = web.AppRunner(
         create_app(state), access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_grace
     )
@@ -50,8 +62,7 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
         await site.start()
         port = _bound_port(runner)
-        state.hosts = frozenset(settings.hosts(port))
-        state.origins = frozenset(settings.origins(port))
+        listen_on(state, port)
         url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
         logger.info("listening on %s (%d tool servers, %d clients)", url, len(pool.servers), len(snapshot.clients))
         if on_ready is not None:

@@ -1,0 +1,129 @@
+"""Config loading: strict models, durations, and errors that name the file, the key and the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gatewayd.config.loader import ConfigInvalid, load_snapshot
+from gatewayd.config.models import parse_duration
+from tests.daemon import REPO, write_config
+
+CALC = 'command = ["python3", "-m", "gatewayd.examples.calc"]\nprotocol = "jsonrpc"\n[methods.add]\n'
+
+
+def errors_of(root: Path) -> list[str]:
+    with pytest.raises(ConfigInvalid) as caught:
+        load_snapshot(root)
+    return [str(error) for error in caught.value.errors]
+
+
+def test_the_shipped_config_loads() -> None:
+    snapshot = load_snapshot(REPO)
+    assert {"calc", "shell", "clock"} <= set(snapshot.servers)
+    assert snapshot.servers["calc"].protocol == "jsonrpc"
+    assert snapshot.servers["shell"].timeout_for("run") == 600.0
+    assert snapshot.servers["clock"].start == "eager"
+    assert "developer" in snapshot.roles
+
+
+def test_a_server_is_named_by_its_file_and_gets_defaults(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC})
+    server = load_snapshot(tmp_path).servers["calc"]
+    assert server.argv == ["python3", "-m", "gatewayd.examples.calc"]
+    assert (server.start, server.call_timeout, server.idle_timeout) == ("on-demand", 30.0, 600.0)
+
+
+def test_command_may_be_a_string_with_args(tmp_path: Path) -> None:
+    write_config(tmp_path, {"t": 'command = "python3"\nargs = ["-m", "x"]\n'})
+    assert load_snapshot(tmp_path).servers["t"].argv == ["python3", "-m", "x"]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("250ms", 0.25), (7, 7.0), ("1.5s", 1.5)]
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["5 minutes", "-1s", "", "s", True, "1d"])
+def test_bad_durations_are_refused(text: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_unknown_key_names_file_key_and_line(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC + 'description = "x"\ncomand_typo = 1\n'})
+    (message,) = errors_of(tmp_path)
+    assert message == f"{tmp_path / 'tools.d' / 'calc.toml'}:5 [methods.add.comand_typo]: unknown key"
+
+
+def test_unknown_top_level_key_points_at_its_line(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": 'protocoll = "mcp"\n' + CALC})
+    (message,) = errors_of(tmp_path)
+    assert message == f"{tmp_path / 'tools.d' / 'calc.toml'}:1 [protocoll]: unknown key"
+
+
+def test_bad_value_names_the_nested_key(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC + '[methods.sub]\ntimeout = "soon"\n'})
+    (message,) = errors_of(tmp_path)
+    assert "[methods.sub.timeout]" in message
+    assert f"calc.toml:{CALC.count(chr(10)) + 2} " in message
+    assert "duration" in message
+
+
+def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC + "idle_timeout = \n"})
+    (message,) = errors_of(tmp_path)
+    assert "calc.toml:4:" in message and "not valid TOML" in message
+
+
+def test_jsonrpc_server_must_declare_methods(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": 'command = ["x"]\nprotocol = "jsonrpc"\n'})
+    (message,) = errors_of(tmp_path)
+    assert "[methods.NAME]" in message
+
+
+def test_every_broken_file_is_reported_at_once(tmp_path: Path) -> None:
+    write_config(tmp_path, {"a": "command = 1\n", "b": "protocol = 'smtp'\ncommand=['x']\n"})
+    messages = errors_of(tmp_path)
+    assert any("a.toml" in m and "[command]" in m for m in messages)
+    assert any("b.toml:1 [protocol]" in m for m in messages)
+
+
+def test_bad_server_file_names_are_refused(tmp_path: Path) -> None:
+    write_config(tmp_path, {"my.server": CALC, "a__b": CALC})
+    messages = errors_of(tmp_path)
+    assert len(messages) == 2 and all("file name must be a server name" in m for m in messages)
+
+
+def test_hidden_and_non_toml_files_are_ignored(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC})
+    (tmp_path / "tools.d" / ".calc.toml.swp").write_text("garbage")
+    (tmp_path / "tools.d" / "README").write_text("garbage")
+    assert list(load_snapshot(tmp_path).servers) == ["calc"]
+
+
+def test_missing_tools_dir_is_an_error(tmp_path: Path) -> None:
+    (message,) = errors_of(tmp_path)
+    assert "tools.d" in message and "directory not found" in message
+
+
+def test_client_with_an_unknown_role(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC}, '[clients.x]\nroles = ["nope"]\n')
+    (message,) = errors_of(tmp_path)
+    assert "roles.toml" in message and "[clients.x.roles]" in message and "no such role 'nope'" in message
+
+
+def test_a_role_defined_twice_names_both_files(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC}, "[roles.dev]\nallow = []\n")
+    (tmp_path / "policies" / "zz.toml").write_text("[roles.dev]\nallow = ['calc.*']\n")
+    (message,) = errors_of(tmp_path)
+    assert "zz.toml" in message and "[roles.dev]" in message and "roles.toml" in message
+
+
+def test_token_hash_must_be_sha256_hex(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC}, '[clients.x]\ntoken_sha256 = "secret-in-plain-text"\n')
+    (message,) = errors_of(tmp_path)
+    assert "[clients.x.token_sha256]" in message and "64 lowercase hex" in message

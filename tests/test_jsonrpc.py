@@ -1,0 +1,89 @@
+"""The one strict parse of a JSON-RPC body."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatewayd.errors import InvalidRequest, ParseError
+from gatewayd.jsonrpc import Invalid, Notification, Request, Response, dumps, parse_body
+
+LIMITS = {"max_depth": 8, "max_batch": 3}
+
+
+def one(body: bytes) -> object:
+    parsed = parse_body(body, **LIMITS)
+    assert not parsed.is_batch
+    return parsed.messages[0]
+
+
+def test_request_notification_and_response() -> None:
+    assert one(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"x":1}}') == Request(1, "a.b", {"x": 1})
+    assert one(b'{"jsonrpc":"2.0","method":"a.b"}') == Notification("a.b", None)
+    assert one(b'{"jsonrpc":"2.0","id":"7","result":{"ok":true}}') == Response("7", {"ok": True}, None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"1.0","id":1,"method":"a.b"}',
+        b'{"id":1,"method":"a.b"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":"x"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":3}',
+        b'{"jsonrpc":"2.0","id":{"x":1},"method":"a.b"}',
+        b'{"jsonrpc":"2.0","id":true,"method":"a.b"}',
+        b'{"jsonrpc":"2.0","id":1,"method":["a.b"]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","extra":1}',
+        b'{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1}}',
+        b'"just a string"',
+        b"42",
+    ],
+)
+def test_invalid_requests(body: bytes) -> None:
+    message = one(body)
+    assert isinstance(message, Invalid)
+    assert isinstance(message.error, InvalidRequest)
+
+
+def test_invalid_request_keeps_a_valid_id() -> None:
+    message = one(b'{"jsonrpc":"2.0","id":5,"method":"a.b","params":"x"}')
+    assert isinstance(message, Invalid) and message.id == 5
+
+
+@pytest.mark.parametrize("body", [b"{", b"", b"\xff\xfe", b'{"a":1}x', b"NaN-ish"])
+def test_parse_errors(body: bytes) -> None:
+    with pytest.raises(ParseError):
+        parse_body(body, **LIMITS)
+
+
+def test_duplicate_keys_anywhere_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="duplicate key"):
+        parse_body(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"x":1,"x":2}}', **LIMITS)
+
+
+def test_depth_limit_is_crossed_exactly() -> None:
+    def nested(depth: int) -> bytes:
+        return b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+    assert isinstance(one(nested(LIMITS["max_depth"])), Request)
+    with pytest.raises(InvalidRequest, match="nested deeper"):
+        parse_body(nested(LIMITS["max_depth"] + 1), **LIMITS)
+
+
+def test_pathologically_deep_json_is_refused_not_crashed() -> None:
+    with pytest.raises(InvalidRequest):
+        parse_body(b"[" * 200_000 + b"]" * 200_000, **LIMITS)
+
+
+def test_batch_limits() -> None:
+    element = b'{"jsonrpc":"2.0","id":1,"method":"a.b"}'
+    assert len(parse_body(b"[" + b",".join([element] * 3) + b"]", **LIMITS).messages) == 3
+    with pytest.raises(InvalidRequest, match="batch longer"):
+        parse_body(b"[" + b",".join([element] * 4) + b"]", **LIMITS)
+    with pytest.raises(InvalidRequest, match="empty batch"):
+        parse_body(b"[]", **LIMITS)
+
+
+def test_dumps_is_one_line_even_for_multiline_strings() -> None:
+    encoded = dumps({"text": "line1\nline2", "nested": {"a": [1, 2]}, "unicode": "é"})
+    assert b"\n" not in encoded
+    assert encoded == '{"text":"line1\\nline2","nested":{"a":[1,2]},"unicode":"é"}'.encode()
