@@ -112,7 +112,8 @@ class Connection:
     """A running stdio child speaking newline-delimited JSON-RPC. Use `open()`, then `call`/`notify`, then `close()`.
 
     `on_notification` receives notifications that belong to no call; `on_activity` is called on
-    any output so idle detection follows what the child does, not wall time.
+    any output so idle detection follows what the child does, not wall time; `on_exit` is called
+    once the child has exited, before the calls pending on it fail.
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class Connection:
         cwd: str | None = None,
         on_notification: Callable[[dict[str, Any]], None] | None = None,
         on_activity: Callable[[], None] | None = None,
+        on_exit: Callable[[Connection], None] | None = None,
     ) -> None:
         self.name = name
         self.argv = argv
@@ -131,6 +133,7 @@ class Connection:
         self.cwd = cwd
         self._on_notification = on_notification
         self._on_activity = on_activity
+        self._on_exit = on_exit
         self._proc: asyncio.subprocess.Process | None = None
         self._pending: dict[int, PendingCall] = {}
         self._next_id = 0
@@ -362,6 +365,9 @@ class Connection:
         self.exit_info = ExitInfo(returncode, list(self._stderr.tail))
         level = logging.INFO if self._closing else logging.WARNING
         logger.log(level, "server=%s pid=%d exited: %s", self.name, self._proc.pid, self.exit_info.describe())
+        # The owner learns of the exit before any caller does, so its state is right when they see the error.
+        if self._on_exit is not None:
+            self._on_exit(self)
         self._fail_pending(self.exit_info)
         await self._reap_group()
         self._exited.set()

@@ -132,6 +132,7 @@ class ToolServer:
             cwd=str(self.config_dir / self.config.cwd) if self.config.cwd else None,
             on_notification=self._on_notification,
             on_activity=self._touch,
+            on_exit=self._after_exit,
         )
         try:
             await conn.open()
@@ -195,10 +196,9 @@ class ToolServer:
         return tools
 
     async def _watch(self, conn: Connection) -> None:
-        """Owns the running child: notices its exit and stops it after `idle_timeout` of silence."""
+        """Stops the running child after `idle_timeout` of silence; ends when the child exits."""
         while True:
             if await _exited_within(conn, self._idle_wait()):
-                self._after_exit(conn)
                 return
             if await self._stop_if_idle(conn):
                 return

@@ -1,0 +1,1 @@
+"""Supervision tests with real child processes."""

@@ -1,0 +1,256 @@
+"""Supervising real stdio children: lazy start, crashes, hangs, garbage, huge lines, limits, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatewayd.config.models import ServerConfig
+from gatewayd.errors import CallTimedOut, Overloaded, ToolServerFailed, ToolServerUnavailable
+from gatewayd.upstream.server import State, ToolServer
+from tests.daemon import FAULTSRV
+from tests.waiting import eventually, process_gone
+
+FAULT_METHODS = {name: {} for name in (
+    "echo", "sleep", "crash", "garbage", "huge", "grandchild", "wrong_id", "stderr_flood", "progress", "pid", "env",
+)}
+
+
+def fault_server(tmp_path: Path, *flags: str, **config: Any) -> ToolServer:
+    """A ToolServer running the fault fixture; plain JSON-RPC unless `--mcp` is among the flags."""
+    mcp = "--mcp" in flags
+    fields: dict[str, Any] = {
+        "command": [sys.executable, str(FAULTSRV), *flags],
+        "protocol": "mcp" if mcp else "jsonrpc",
+        "idle_timeout": 0,
+        "methods": {} if mcp else FAULT_METHODS,
+    }
+    fields.update(config)
+    return ToolServer("fault", ServerConfig.model_validate(fields), tmp_path)
+
+
+@pytest.fixture
+async def servers() -> Any:
+    started: list[ToolServer] = []
+    yield started
+    await asyncio.gather(*(server.stop() for server in started))
+
+
+def track(servers: list[ToolServer], server: ToolServer) -> ToolServer:
+    servers.append(server)
+    return server
+
+
+async def test_concurrent_first_calls_share_one_start(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path))
+    pids = await asyncio.gather(*(server.call("pid", {}) for _ in range(10)))
+    assert len(set(pids)) == 1
+    assert server.state is State.RUNNING and server.pid == pids[0]
+
+
+async def test_crash_mid_call_fails_every_pending_call_at_once(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path))
+    await server.call("pid", {})
+    slow = asyncio.ensure_future(server.call("sleep", {"seconds": 30}))
+    started = time.monotonic()
+    with pytest.raises(ToolServerUnavailable) as crash:
+        await server.call("crash", {"code": 7})
+    with pytest.raises(ToolServerUnavailable) as pending:
+        await slow
+    assert time.monotonic() - started < 10
+    for error in (crash.value, pending.value):
+        assert error.data["exit_status"] == 7
+        assert "crashing" in error.data["stderr_tail"]
+        assert error.to_wire()["code"] == -32011
+
+
+async def test_exit_status_zero_mid_call_is_a_failure(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path))
+    with pytest.raises(ToolServerUnavailable, match="exit status 0"):
+        await server.call("crash", {"code": 0})
+
+
+async def test_server_restarts_on_the_next_call_after_a_crash(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path))
+    first = await server.call("pid", {})
+    with pytest.raises(ToolServerUnavailable):
+        await server.call("crash", {"code": 1})
+    second = await server.call("pid", {})
+    assert second != first and server.restarts == 1
+
+
+async def test_too_many_crashes_leave_the_server_failed(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path, max_restarts=1))
+    for _ in range(2):
+        with pytest.raises(ToolServerUnavailable):
+            await server.call("crash", {"code": 1})
+    assert server.state is State.FAILED
+    started = time.monotonic()
+    with pytest.raises(ToolServerFailed) as failed:
+        await server.call("pid", {})
+    assert time.monotonic() - started < 1.0
+    assert failed.value.to_wire()["data"]["retryable"] is False
+    server.reset()
+    assert isinstance(await server.call("pid", {}), int)
+
+
+async def test_hang_past_the_deadline_times_out(tmp_path: Path, servers: list[ToolServer]) -> None:
+    methods = {**FAULT_METHODS, "sleep": {"timeout": "300ms"}}
+    server = track(servers, fault_server(tmp_path, methods=methods))
+    with pytest.raises(CallTimedOut) as timed_out:
+        await server.call("sleep", {"seconds": 30})
+    wire = timed_out.value.to_wire()
+    assert wire["code"] == -32012 and wire["data"]["timeout"] == 0.3 and wire["data"]["retryable"] is True
+    assert await server.call("echo", {"still": "alive"}) == {"still": "alive"}
+
+
+async def test_mcp_timeout_sends_cancelled_to_the_child(tmp_path: Path, servers: list[ToolServer]) -> None:
+    record = tmp_path / "received.jsonl"
+    server = track(servers, fault_server(tmp_path, "--mcp", "--record", str(record), call_timeout="300ms"))
+    with pytest.raises(CallTimedOut):
+        await server.call("sleep", {"seconds": 30})
+
+    def cancelled() -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in record.read_text().splitlines()]
+        return [m for m in lines if m.get("method") == "notifications/cancelled"]
+
+    await eventually(lambda: bool(cancelled()), what="notifications/cancelled reached the child")
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    sleep_call = next(m for m in calls if m.get("method") == "tools/call")
+    assert cancelled()[0]["params"]["requestId"] == sleep_call["id"]
+
+
+async def test_non_json_stdout_is_dropped(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
+    caplog.set_level(logging.WARNING)
+    server = track(servers, fault_server(tmp_path, "--banner", "Welcome to faultsrv!"))
+    assert await server.call("garbage", {}) == "ok"
+    assert "stdout is not JSON, dropped" in caplog.text
+    assert "Welcome to faultsrv!" in caplog.text
+
+
+async def test_a_10_mib_line_works(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path))
+    size = 10 * 1024 * 1024
+    result = await server.call("huge", {"size": size})
+    assert len(result) == size
+
+
+async def test_response_with_unknown_id_is_dropped(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
+    caplog.set_level(logging.WARNING)
+    server = track(servers, fault_server(tmp_path))
+    assert await server.call("wrong_id", {}) == "ok"
+    assert "unknown id 'no-such-id-999' dropped" in caplog.text
+
+
+async def test_stderr_flood_is_rate_limited(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="gatewayd.upstream.connection")
+    server = track(servers, fault_server(tmp_path))
+    assert await server.call("stderr_flood", {"lines": 5000}) == "ok"
+    await server.stop()
+    logged = [r for r in caplog.records if "stderr:" in r.getMessage() and "not logged" not in r.getMessage()]
+    assert 0 < len(logged) < 1000
+    assert "lines not logged (rate limit)" in caplog.text or len(logged) < 5000
+
+
+async def test_idle_child_is_stopped_and_starts_again(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path, idle_timeout="300ms"))
+    first = await server.call("pid", {})
+    await eventually(lambda: server.state is State.STOPPED, what="idle stop")
+    assert process_gone(first)
+    second = await server.call("pid", {})
+    assert second != first and server.restarts == 0
+
+
+async def test_a_call_in_flight_keeps_an_idle_child_alive(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path, idle_timeout="200ms"))
+    pid = await server.call("pid", {})
+    assert await server.call("sleep", {"seconds": 0.6}) == {"slept": 0.6}
+    assert server.pid == pid
+
+
+async def test_over_max_in_flight_and_queue_is_overloaded(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path, max_in_flight=1, max_queued=1))
+    busy = asyncio.ensure_future(server.call("sleep", {"seconds": 1}))
+    await eventually(lambda: server.status()["in_flight"] == 1)
+    queued = asyncio.ensure_future(server.call("echo", {"n": 1}))
+    await eventually(lambda: server.status()["waiting"] == 1)
+    with pytest.raises(Overloaded) as overloaded:
+        await server.call("echo", {"n": 2})
+    assert overloaded.value.to_wire()["code"] == -32014
+    assert await busy == {"slept": 1} and await queued == {"n": 1}
+
+
+async def test_stop_kills_grandchildren(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path))
+    child = await server.call("pid", {})
+    grandchild = (await server.call("grandchild", {}))["pid"]
+    assert not process_gone(grandchild)
+    await server.stop()
+    await eventually(lambda: process_gone(child) and process_gone(grandchild), what="child and grandchild gone")
+
+
+async def test_stop_escalates_to_sigkill(tmp_path: Path, servers: list[ToolServer]) -> None:
+    stubborn = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('{\"jsonrpc\":\"2.0\",\"method\":\"ready\"}', flush=True)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    config = ServerConfig(command=[sys.executable, "-c", stubborn], protocol="jsonrpc", methods={"x": {}})
+    server = track(servers, ToolServer("stubborn", config, tmp_path))
+    conn = await server.ensure_running()
+    started = time.monotonic()
+    await server.stop()
+    assert process_gone(conn.pid)
+    assert conn.exit_info is not None and conn.exit_info.returncode == -9
+    assert time.monotonic() - started < 15
+
+
+async def test_a_command_that_does_not_exist(tmp_path: Path, servers: list[ToolServer]) -> None:
+    config = ServerConfig(command=["/nonexistent/tool-server"], protocol="jsonrpc", methods={"x": {}})
+    server = track(servers, ToolServer("ghost", config, tmp_path))
+    with pytest.raises(ToolServerUnavailable, match="could not start"):
+        await server.call("x", {})
+
+
+async def test_mcp_server_that_dies_during_the_handshake(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path, "--mcp", "--crash-on-start"))
+    with pytest.raises(ToolServerUnavailable, match="exit status 3"):
+        await server.call("echo", {})
+
+
+async def test_mcp_handshake_lists_tools_and_follows_list_changed(tmp_path: Path, servers: list[ToolServer]) -> None:
+    changed: list[str] = []
+    config = fault_server(tmp_path, "--mcp").config
+    server = track(servers, ToolServer("fault", config, tmp_path, on_tools_changed=changed.append))
+    names = [tool.method for tool in await server.tools()]
+    assert "echo" in names and "extra" not in names
+    await server.call("change_tools", {})
+    await eventually(lambda: changed == ["fault"], what="list_changed callback")
+    assert "extra" in [tool.method for tool in await server.tools()]
+
+
+async def test_progress_reaches_the_call_with_the_gateway_token(tmp_path: Path, servers: list[ToolServer]) -> None:
+    server = track(servers, fault_server(tmp_path, "--mcp"))
+    events: list[dict[str, Any]] = []
+    result = await server.call("progress", {"steps": 3}, on_event=events.append, progress=True)
+    assert result["structuredContent"] == {"value": {"steps": 3}}
+    progress = [e["params"] for e in events if e["method"] == "notifications/progress"]
+    assert [p["progress"] for p in progress] == [1, 2, 3]
+    assert len({p["progressToken"] for p in progress}) == 1
+    assert any(e["method"] == "notifications/message" for e in events)
+
+
+async def test_child_environment_is_minimal_plus_config(tmp_path: Path, servers: list[ToolServer],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAYD_TEST_SECRET", "must-not-leak")
+    server = track(servers, fault_server(tmp_path, env={"TOOL_SETTING": "on"}))
+    assert await server.call("env", {"name": "TOOL_SETTING"}) == "on"
+    assert await server.call("env", {"name": "GATEWAYD_TEST_SECRET"}) is None
