@@ -18,7 +18,7 @@ from gatewayd.upstream.server import State, ToolServer
 from tests.daemon import FAULTSRV
 from tests.waiting import eventually, process_gone
 
-FAULT_METHODS = {name: {} for name in (
+FAULT_METHODS: dict[str, dict[str, Any]] = {name: {} for name in (
     "echo", "sleep", "crash", "garbage", "huge", "grandchild", "wrong_id", "stderr_flood", "progress", "pid", "env",
 )}
 
