@@ -1,0 +1,104 @@
+"""The daemon as an operator runs it: start-up errors, signals, no orphans, the command lines."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.daemon import Daemon, daemon_env, faultsrv_command, rpc, write_config
+from tests.waiting import eventually, process_gone
+
+FAULT = faultsrv_command() + '\nprotocol = "jsonrpc"\n[methods.pid]\n[methods.grandchild]\n[methods.sleep]\n'
+ROLES = '[roles.r]\nallow = ["fault.*"]\n'
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gatewayd", *args], capture_output=True, text=True, timeout=60,
+                          cwd=cwd, env=daemon_env(), check=False)
+
+
+def gatewayctl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from gatewayd.cli import gatewayctl_main; sys.exit(gatewayctl_main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
+                          cwd=cwd, env=daemon_env(), check=False)
+
+
+def test_help_lists_the_settings(tmp_path: Path) -> None:
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for flag in ("--host", "--port", "--config-dir", "--admin-socket", "--log-level", "--max-body-bytes"):
+        assert flag in result.stdout
+
+
+def test_a_broken_file_stops_startup_naming_file_and_key(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT + "call_timout = '5s'\n"}, ROLES)
+    result = run_cli("--config-dir", str(tmp_path), "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "fault.toml" in result.stderr and "call_timout" in result.stderr and "unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_setting_from_the_environment_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "gatewayd", "--check"], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env=daemon_env({"GATEWAYD_PORT": "not-a-port"}), check=False)
+    assert result.returncode == 64
+    assert "setting port" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_validates_without_running(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    result = run_cli("--config-dir", str(tmp_path), "--check", cwd=tmp_path)
+    assert result.returncode == 0 and "config OK: 1 tool servers" in result.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_stopping_the_daemon_leaves_no_child_or_grandchild(
+    tmp_path: Path, http: aiohttp.ClientSession, sig: signal.Signals
+) -> None:
+    tokens = write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
+    daemon = Daemon(tmp_path)
+    async with daemon:
+        child = (await rpc(http, daemon.url, tokens["c"], "fault.pid", {}))["result"]
+        grandchild = (await rpc(http, daemon.url, tokens["c"], "fault.grandchild", {}))["result"]["pid"]
+        slow = asyncio.ensure_future(rpc(http, daemon.url, tokens["c"], "fault.sleep", {"seconds": 60}, id=2))
+        await daemon.wait_log("fault.*started")
+        assert await daemon.stop(sig) == 0
+        await eventually(lambda: process_gone(child) and process_gone(grandchild), what="children gone")
+        slow.cancel()
+        await asyncio.gather(slow, return_exceptions=True)
+    assert any("stopped" in line for line in daemon.logs)
+
+
+async def test_logs_name_the_url_server_and_pid(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    tokens = write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
+    async with Daemon(tmp_path) as daemon:
+        assert daemon.url.startswith("http://127.0.0.1:") and daemon.url.endswith("/mcp")
+        pid = (await rpc(http, daemon.url, tokens["c"], "fault.pid", {}))["result"]
+        await daemon.wait_log(rf"INFO .*server=fault pid={pid} started")
+
+
+async def test_token_new_makes_a_working_token(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    made = gatewayctl("--config-dir", str(tmp_path), "token", "new", "laptop", "--role", "r", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    stored = (tmp_path / "policies" / "clients.toml").read_text()
+    assert token not in stored and "token_sha256" in stored
+    assert (tmp_path / "policies" / "clients.toml").stat().st_mode & 0o077 == 0
+    async with Daemon(tmp_path) as daemon:
+        assert isinstance((await rpc(http, daemon.url, token, "fault.pid", {}))["result"], int)
+
+
+def test_dev_client_is_stable_across_runs(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, '[roles.developer]\nallow = ["fault.*"]\n')
+    first = gatewayctl("--config-dir", str(tmp_path), "dev-client", cwd=tmp_path)
+    second = gatewayctl("--config-dir", str(tmp_path), "dev-client", cwd=tmp_path)
+    assert first.returncode == 0 and first.stdout == second.stdout
+    assert "Bearer gwd_" in first.stdout
+    assert run_cli("--config-dir", str(tmp_path), "--check", cwd=tmp_path).returncode == 0

@@ -1,0 +1,330 @@
+"""The /mcp endpoint's HTTP rules: auth, Host/Origin, framing, limits, MCP sessions, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from gatewayd.web.mcp_http import WebState
+from tests.daemon import FAULTSRV, python_command, write_config
+from tests.stack import running_stack
+from tests.waiting import eventually
+
+Client = TestClient[Any, Any]
+SSE = "application/json, text/event-stream"
+CALC = python_command("-m", "gatewayd.examples.calc") + """
+protocol = "jsonrpc"
+[methods.add]
+description = "Add two numbers"
+input_schema = { type = "object", properties = { a = { type = "number" }, b = { type = "number" } } }
+[methods.divide]
+[methods.log]
+notification = true
+"""
+FAULT = python_command(str(FAULTSRV), "--mcp")
+ROLES = """
+[roles.calc]
+allow = ["calc.*"]
+[roles.fault]
+allow = ["fault.*"]
+[roles.confirm]
+confirm = ["calc.divide"]
+"""
+
+
+class Stack:
+    """An in-process gateway with two clients: `full` (calc + fault) and `calc_only`."""
+
+    def __init__(self, client: Client, state: WebState, tokens: dict[str, str]) -> None:
+        self.client = client
+        self.state = state
+        self.tokens = tokens
+
+    def headers(self, who: str = "full", **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json", **extra}
+
+    async def post(self, body: Any, who: str = "full", **extra: str) -> Any:
+        return await self.client.post("/mcp", data=json.dumps(body), headers=self.headers(who, **extra))
+
+    async def initialize(self, who: str = "full", version: str = "2025-11-25") -> str:
+        response = await self.post(
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+            who, Accept=SSE,
+        )
+        assert response.status == 200
+        session: str = response.headers["Mcp-Session-Id"]
+        await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, who,
+                        **{"Mcp-Session-Id": session, "MCP-Protocol-Version": version})
+        return session
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    tokens = write_config(
+        tmp_path, {"calc": CALC, "fault": FAULT}, ROLES,
+        {"full": ["calc", "fault", "confirm"], "calc_only": ["calc"]},
+    )
+    async with running_stack(tmp_path, sse_keepalive=0.2) as (client, state):
+        yield Stack(client, state, tokens)
+
+
+def call(method: str, params: Any = None, id: Any = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "method": method, **({"params": params} if params is not None else {})}
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON of every `data:` line; each must be a whole message on one line."""
+    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+# -- auth and transport guard -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic abc", "Bearer", "bearer  "])
+async def test_missing_or_wrong_token_is_401_with_challenge(stack: Stack, authorization: str | None) -> None:
+    headers = {"Content-Type": "application/json"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    response = await stack.client.post("/mcp", data=json.dumps(call("calc.add", {"a": 1, "b": 2})), headers=headers)
+    assert response.status == 401
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_token_scheme_is_case_insensitive(stack: Stack) -> None:
+    headers = stack.headers()
+    headers["Authorization"] = headers["Authorization"].replace("Bearer", "bearer")
+    response = await stack.client.post("/mcp", data=json.dumps(call("calc.add", {"a": 1, "b": 2})), headers=headers)
+    assert (await response.json())["result"] == 3
+
+
+async def test_foreign_host_is_421(stack: Stack) -> None:
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}), Host="evil.example.com")
+    assert response.status == 421
+
+
+async def test_foreign_origin_is_403_and_own_origin_is_fine(stack: Stack) -> None:
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}), Origin="https://evil.example.com")
+    assert response.status == 403
+    own = f"http://127.0.0.1:{stack.client.server.port}"
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}), Origin=own)
+    assert response.status == 200
+
+
+async def test_body_over_the_limit_is_413(stack: Stack) -> None:
+    limit = stack.state.settings.max_body_bytes
+    padding = "x" * limit
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2, "pad": padding}))
+    assert response.status == 413
+    # The daemon keeps serving.
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}))
+    assert (await response.json())["result"] == 3
+
+
+async def test_wrong_content_type_is_415(stack: Stack) -> None:
+    headers = {**stack.headers(), "Content-Type": "text/plain"}
+    response = await stack.client.post("/mcp", data=json.dumps(call("calc.add")), headers=headers)
+    assert response.status == 415
+
+
+async def test_accept_without_json_or_sse_is_406(stack: Stack) -> None:
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}), Accept="text/html")
+    assert response.status == 406
+
+
+# -- direct calls and policy -------------------------------------------------------------------
+
+
+async def test_direct_calls_need_no_session(stack: Stack) -> None:
+    response = await stack.post(call("calc.add", {"a": 2, "b": 40}))
+    assert response.status == 200 and (await response.json())["result"] == 42
+
+
+async def test_denied_method_looks_exactly_like_an_unknown_one(stack: Stack) -> None:
+    denied = await (await stack.post(call("fault.echo", {"x": 1}), who="calc_only")).json()
+    unknown = await (await stack.post(call("nosuch.echo", {"x": 1}), who="calc_only")).json()
+    missing = await (await stack.post(call("calc.nosuch", {}), who="calc_only")).json()
+    assert denied == unknown == missing == {"jsonrpc": "2.0", "id": 1,
+                                            "error": {"code": -32601, "message": "Method not found"}}
+
+
+async def test_tool_servers_own_errors_pass_through_on_direct_calls(stack: Stack) -> None:
+    body = await (await stack.post(call("calc.divide", {"a": 1, "b": 0}))).json()
+    assert body["error"]["code"] == -32010  # calc.divide is confirm-gated for `full`
+    body = await (await stack.post(call("calc.divide", {"a": 1, "b": 0}), who="calc_only")).json()
+    assert body["error"] == {"code": -32000, "message": "division by zero"}
+
+
+async def test_client_ids_are_restored_whatever_their_type(stack: Stack) -> None:
+    batch = [call("calc.add", {"a": i, "b": 0}, id=ident) for i, ident in enumerate(["7", 7, "x" * 100, None])]
+    body = await (await stack.post(batch)).json()
+    assert sorted((json.dumps(r["id"]), r["result"]) for r in body) == sorted(
+        (json.dumps(ident), i) for i, ident in enumerate(["7", 7, "x" * 100, None]))
+
+
+# -- MCP sessions ------------------------------------------------------------------------------
+
+
+async def test_initialize_negotiates_the_version(stack: Stack) -> None:
+    for asked, answered in [("2025-11-25", "2025-11-25"), ("2025-03-26", "2025-03-26"), ("1999-01-01", "2025-11-25")]:
+        response = await stack.post(call("initialize", {"protocolVersion": asked, "capabilities": {},
+                                                        "clientInfo": {"name": "t", "version": "1"}}), Accept=SSE)
+        body = await response.json()
+        assert body["result"]["protocolVersion"] == answered
+        assert body["result"]["capabilities"]["tools"] == {"listChanged": True}
+        session = response.headers["Mcp-Session-Id"]
+        assert len(session) >= 32 and all(0x21 <= ord(c) <= 0x7E for c in session)
+
+
+async def test_mcp_methods_need_a_session(stack: Stack) -> None:
+    response = await stack.post(call("tools/list"), Accept=SSE)
+    assert response.status == 400
+
+
+async def test_unknown_deleted_or_foreign_session_is_404(stack: Stack) -> None:
+    response = await stack.post(call("tools/list"), Accept=SSE, **{"Mcp-Session-Id": "nope"})
+    assert response.status == 404
+    session = await stack.initialize()
+    foreign = await stack.post(call("tools/list"), who="calc_only", Accept=SSE, **{"Mcp-Session-Id": session})
+    assert foreign.status == 404
+    deleted = await stack.client.delete("/mcp", headers=stack.headers(**{"Mcp-Session-Id": session}))
+    assert deleted.status == 204
+    response = await stack.post(call("tools/list"), Accept=SSE, **{"Mcp-Session-Id": session})
+    assert response.status == 404
+
+
+async def test_unsupported_protocol_version_header_is_400(stack: Stack) -> None:
+    session = await stack.initialize()
+    response = await stack.post(call("ping"), Accept=SSE,
+                                **{"Mcp-Session-Id": session, "MCP-Protocol-Version": "1999-01-01"})
+    assert response.status == 400
+
+
+async def test_ping(stack: Stack) -> None:
+    session = await stack.initialize()
+    response = await stack.post(call("ping"), Accept=SSE, **{"Mcp-Session-Id": session})
+    assert (await response.json()) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+
+
+async def test_tools_list_shows_what_the_client_may_call_in_order(stack: Stack) -> None:
+    session = await stack.initialize(who="calc_only")
+    response = await stack.post(call("tools/list"), who="calc_only", Accept=SSE, **{"Mcp-Session-Id": session})
+    tools = (await response.json())["result"]["tools"]
+    assert [t["name"] for t in tools] == ["calc__add", "calc__divide", "calc__log"]
+    assert tools[0]["inputSchema"] == {"type": "object", "properties": {"a": {"type": "number"},
+                                                                        "b": {"type": "number"}}}
+    assert tools[0]["description"] == "Add two numbers"
+
+
+async def test_tools_list_passes_mcp_schemas_through_verbatim(stack: Stack) -> None:
+    session = await stack.initialize()
+    response = await stack.post(call("tools/list"), Accept=SSE, **{"Mcp-Session-Id": session})
+    names = [t["name"] for t in (await response.json())["result"]["tools"]]
+    assert names == sorted(names) and "fault__echo" in names and "calc__add" in names
+
+
+async def test_tools_call_with_json_answer(stack: Stack) -> None:
+    session = await stack.initialize()
+    response = await stack.post(call("tools/call", {"name": "calc__add", "arguments": {"a": 1, "b": 2}}),
+                                **{"Mcp-Session-Id": session})
+    assert response.content_type == "application/json"
+    result = (await response.json())["result"]
+    assert result == {"content": [{"type": "text", "text": "3"}], "structuredContent": {"result": 3},
+                      "isError": False}
+
+
+async def test_tool_failure_is_an_is_error_result(stack: Stack) -> None:
+    session = await stack.initialize(who="calc_only")
+    response = await stack.post(call("tools/call", {"name": "calc__divide", "arguments": {"a": 1, "b": 0}}),
+                                who="calc_only", **{"Mcp-Session-Id": session})
+    result = (await response.json())["result"]
+    assert result["isError"] is True and "division by zero" in result["content"][0]["text"]
+
+
+async def test_unknown_and_denied_tools_answer_the_same(stack: Stack) -> None:
+    session = await stack.initialize(who="calc_only")
+    answers = []
+    for name in ("fault__echo", "nosuch__tool", "calc__nosuch", "calc.add"):
+        response = await stack.post(call("tools/call", {"name": name, "arguments": {}}), who="calc_only",
+                                    **{"Mcp-Session-Id": session})
+        answers.append((await response.json())["error"])
+    assert all(a == {"code": -32602, "message": f"Unknown tool: {n}"} for a, n in
+               zip(answers, ("fault__echo", "nosuch__tool", "calc__nosuch", "calc.add"), strict=True))
+
+
+async def test_tools_call_streams_progress_then_the_result_over_sse(stack: Stack) -> None:
+    session = await stack.initialize()
+    params = {"name": "fault__progress", "arguments": {"steps": 3}, "_meta": {"progressToken": "tok-1"}}
+    response = await stack.post(call("tools/call", params, id=9), Accept=SSE, **{"Mcp-Session-Id": session})
+    assert response.content_type == "text/event-stream"
+    text = await response.text()
+    events = sse_events(text)
+    progress = [e["params"] for e in events if e.get("method") == "notifications/progress"]
+    assert [p["progress"] for p in progress] == [1, 2, 3]
+    assert {p["progressToken"] for p in progress} == {"tok-1"}
+    assert any(e.get("method") == "notifications/message" for e in events)
+    assert events[-1]["id"] == 9 and events[-1]["result"]["structuredContent"] == {"value": {"steps": 3}}
+
+
+async def test_long_calls_get_keepalive_comments(stack: Stack) -> None:
+    session = await stack.initialize()
+    params = {"name": "fault__sleep", "arguments": {"seconds": 0.7}}
+    response = await stack.post(call("tools/call", params), Accept=SSE, **{"Mcp-Session-Id": session})
+    text = await response.text()
+    assert ": keep-alive" in text
+    assert sse_events(text)[-1]["result"]["structuredContent"] == {"value": {"slept": 0.7}}
+
+
+async def test_sse_data_lines_stay_single_line_for_multiline_results(stack: Stack) -> None:
+    session = await stack.initialize()
+    params = {"name": "fault__echo", "arguments": {"text": "line 1\nline 2\n\ndata: fake"}}
+    response = await stack.post(call("tools/call", params), Accept=SSE, **{"Mcp-Session-Id": session})
+    events = sse_events(await response.text())
+    assert events[-1]["result"]["structuredContent"]["value"] == {"text": "line 1\nline 2\n\ndata: fake"}
+
+
+async def test_notifications_and_responses_get_202(stack: Stack) -> None:
+    session = await stack.initialize()
+    response = await stack.post({"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                **{"Mcp-Session-Id": session})
+    assert response.status == 202 and await response.text() == ""
+    response = await stack.post({"jsonrpc": "2.0", "id": 5, "result": {}}, **{"Mcp-Session-Id": session})
+    assert response.status == 202
+
+
+async def test_get_stream_carries_tools_list_changed(stack: Stack) -> None:
+    session = await stack.initialize()
+    stream = await stack.client.get("/mcp", headers=stack.headers(Accept="text/event-stream",
+                                                                  **{"Mcp-Session-Id": session}))
+    assert stream.status == 200 and stream.content_type == "text/event-stream"
+    second = await stack.client.get("/mcp", headers=stack.headers(Accept="text/event-stream",
+                                                                  **{"Mcp-Session-Id": session}))
+    assert second.status == 409
+    await stack.post(call("fault.change_tools", {}))
+    async with asyncio.timeout(10):
+        while True:
+            line = (await stream.content.readline()).decode()
+            if line.startswith("data: "):
+                assert json.loads(line[6:]) == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+                break
+    stream.close()
+
+
+async def test_client_cancellation_stops_the_call(stack: Stack) -> None:
+    session = await stack.initialize()
+    headers = {"Mcp-Session-Id": session}
+    slow = asyncio.ensure_future(stack.post(call("tools/call", {"name": "fault__sleep", "arguments": {"seconds": 30}},
+                                                 id="slow-1"), **headers))
+    gateway = stack.state.gateway
+    await eventually(lambda: bool(gateway._inflight), what="call in flight")
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow-1"}}
+    assert (await stack.post(cancel, **headers)).status == 202
+    async with asyncio.timeout(10):
+        body = await (await slow).json()
+    assert body["error"]["code"] == -32017
