@@ -93,6 +93,11 @@ class Gateway:
             return
         try:
             target = await self._direct_target(ctx.principal, message.method)
+            if target.server.config.protocol == "mcp":
+                # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
+                logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,
+                            message.method)
+                return
             await target.server.notify(target.method, _authorized_params(message.params))
         except GatewayError as exc:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)

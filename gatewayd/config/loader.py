@@ -121,10 +121,11 @@ def load_servers(directory: Path, errors: list[ConfigError]) -> dict[str, Server
     """Every tool server of `tools.d/`, named by file stem."""
     servers: dict[str, ServerConfig] = {}
     for path in config_files(directory):
-        if not SERVER_NAME.fullmatch(path.stem) or "__" in path.stem:
-            errors.append(
-                ConfigError(str(path), "", "file name must be a server name: A-Z a-z 0-9 _ - (no '__')")
-            )
+        if not SERVER_NAME.fullmatch(path.stem) or "__" in path.stem or path.stem.endswith("_"):
+            # `__` joins server and tool in MCP tool names, so a server name must not contain or end with it.
+            errors.append(ConfigError(
+                str(path), "", "file name must be a server name: A-Z a-z 0-9 _ -, no '__', not ending in '_'"
+            ))
             continue
         loaded = _read_toml(path, errors)
         if loaded is None:

@@ -27,7 +27,9 @@ input_schema = { type = "object", properties = { a = { type = "number" }, b = { 
 [methods.log]
 notification = true
 """
-FAULT = python_command(str(FAULTSRV), "--mcp")
+def fault(record: Path) -> str:
+    """The MCP fault fixture, recording every line it receives."""
+    return python_command(str(FAULTSRV), "--mcp", "--record", str(record))
 ROLES = """
 [roles.calc]
 allow = ["calc.*"]
@@ -41,7 +43,8 @@ confirm = ["calc.divide"]
 class Stack:
     """An in-process gateway with two clients: `full` (calc + fault) and `calc_only`."""
 
-    def __init__(self, client: Client, state: WebState, tokens: dict[str, str]) -> None:
+    def __init__(self, client: Client, state: WebState, tokens: dict[str, str], record: Path) -> None:
+        self.record = record
         self.client = client
         self.state = state
         self.tokens = tokens
@@ -68,11 +71,11 @@ class Stack:
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     tokens = write_config(
-        tmp_path, {"calc": CALC, "fault": FAULT}, ROLES,
+        tmp_path, {"calc": CALC, "fault": fault(tmp_path / "fault.jsonl")}, ROLES,
         {"full": ["calc", "fault", "confirm"], "calc_only": ["calc"]},
     )
     async with running_stack(tmp_path, sse_keepalive=0.2) as (client, state):
-        yield Stack(client, state, tokens)
+        yield Stack(client, state, tokens, tmp_path / "fault.jsonl")
 
 
 def call(method: str, params: Any = None, id: Any = 1) -> dict[str, Any]:
@@ -328,3 +331,20 @@ async def test_client_cancellation_stops_the_call(stack: Stack) -> None:
     async with asyncio.timeout(10):
         body = await (await slow).json()
     assert body["error"]["code"] == -32017
+
+    def received() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in stack.record.read_text().splitlines()]
+
+    await eventually(lambda: any(m.get("method") == "notifications/cancelled" for m in received()),
+                     what="the child got notifications/cancelled")
+    upstream_call = next(m for m in received() if m.get("method") == "tools/call")
+    cancelled = next(m for m in received() if m.get("method") == "notifications/cancelled")
+    assert cancelled["params"]["requestId"] == upstream_call["id"] != "slow-1"
+
+
+async def test_notification_to_an_mcp_tool_is_not_run(stack: Stack) -> None:
+    response = await stack.post({"jsonrpc": "2.0", "method": "fault.echo", "params": {"x": 1}})
+    assert response.status == 202
+    await stack.post(call("fault.pid", {}))
+    methods = [json.loads(line).get("method") for line in stack.record.read_text().splitlines()]
+    assert methods.count("tools/call") == 1
