@@ -75,6 +75,8 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         sessions.broadcast_close()
+        # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
+        await state.gateway.drain(settings.shutdown_grace)
         await runner.cleanup()
         await pool.stop_all()
         logger.info("stopped")

@@ -136,6 +136,12 @@ class CallTimedOut(GatewayError):
     retryable = True
 
 
+class ShuttingDown(ToolServerUnavailable):
+    """Raised for calls that arrive, or are still running, while the daemon stops."""
+
+    error_type = "shutting_down"
+
+
 class Overloaded(GatewayError):
     """Raised when a server's in-flight limit and wait queue are both full."""
 

@@ -25,6 +25,7 @@ from gatewayd.errors import (
     InvalidParams,
     MethodNotFound,
     RequestCancelled,
+    ShuttingDown,
     UnknownTool,
     UpstreamError,
 )
@@ -73,6 +74,8 @@ class Gateway:
         self.sessions = sessions
         self.separator = tool_name_separator
         self._inflight: dict[tuple[str, str, str], asyncio.Task[Any]] = {}
+        self._calls: set[asyncio.Task[Any]] = set()
+        self.closing = False
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -256,23 +259,44 @@ class Gateway:
     # -- cancellation ----------------------------------------------------------------------
 
     async def _tracked(self, ctx: CallContext, message: Request, call: Any) -> Any:
-        """Run a call so the client's `notifications/cancelled` for its id can stop it."""
+        """Run a call so the client's `notifications/cancelled` for its id, or shutdown, can stop it."""
+        if self.closing:
+            call.close()
+            raise ShuttingDown("gatewayd is shutting down; retry shortly")
         key = _inflight_key(ctx, message.id)
         task: asyncio.Task[Any] = asyncio.ensure_future(call)
         self._inflight[key] = task
+        self._calls.add(task)
         try:
             return await task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task.cancelled() and not (current and current.cancelling()):
+                if self.closing:
+                    raise ShuttingDown("gatewayd stopped before the call finished") from None
                 raise RequestCancelled("the request was cancelled by the client") from None
             raise
         finally:
+            self._calls.discard(task)
             if self._inflight.get(key) is task:
                 del self._inflight[key]
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new calls; give those in flight `grace` seconds, then cancel them (each gets an error answer)."""
+        self.closing = True
+        calls = list(self._calls)
+        if not calls:
+            return
+        logger.info("waiting up to %gs for %d calls in flight", grace, len(calls))
+        _, pending = await asyncio.wait(calls, timeout=grace)
+        if pending:
+            logger.warning("cancelling %d calls still running after %gs", len(pending), grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _cancel(self, ctx: CallContext, params: Any) -> None:
         if not isinstance(params, dict) or "requestId" not in params:

@@ -61,17 +61,22 @@ def test_check_validates_without_running(tmp_path: Path) -> None:
 async def test_stopping_the_daemon_leaves_no_child_or_grandchild(
     tmp_path: Path, http: aiohttp.ClientSession, sig: signal.Signals
 ) -> None:
-    tokens = write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
-    daemon = Daemon(tmp_path)
+    recording = faultsrv_command("--record", str(tmp_path / "received.jsonl"))
+    tokens = write_config(tmp_path, {"fault": FAULT.replace(faultsrv_command(), recording)}, ROLES, {"c": ["r"]})
+    daemon = Daemon(tmp_path, "--shutdown-grace", "0.5")
     async with daemon:
         child = (await rpc(http, daemon.url, tokens["c"], "fault.pid", {}))["result"]
         grandchild = (await rpc(http, daemon.url, tokens["c"], "fault.grandchild", {}))["result"]["pid"]
         slow = asyncio.ensure_future(rpc(http, daemon.url, tokens["c"], "fault.sleep", {"seconds": 60}, id=2))
-        await daemon.wait_log("fault.*started")
+        record = tmp_path / "received.jsonl"
+        await eventually(lambda: record.exists() and '"fault.sleep"' not in record.read_text()
+                         and '"sleep"' in record.read_text(), what="the slow call reached the child")
         assert await daemon.stop(sig) == 0
         await eventually(lambda: process_gone(child) and process_gone(grandchild), what="children gone")
-        slow.cancel()
-        await asyncio.gather(slow, return_exceptions=True)
+        # The call in flight was not lost silently: it got a retryable error naming the shutdown.
+        answer = await slow
+        assert answer["error"]["code"] == -32011
+        assert answer["error"]["data"] == {"error_type": "shutting_down", "retryable": True}
     assert any("stopped" in line for line in daemon.logs)
 
 
