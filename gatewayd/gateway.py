@@ -2,9 +2,10 @@
 
 Owns the one path from a parsed message to a tool server: resolving a direct
 `server.method` or an MCP `tools/call {name}` to the same canonical target, asking
-`policy.decide` once, and calling the server with params re-built from the authorized
-object. Also owns MCP aggregation (tool names, deterministic order) and mapping a call's
-upstream events back to the caller. Does not own HTTP, sessions or process supervision.
+`policy.decide` once, and calling the server with the very params object that was authorized
+(re-serialized on the way out, never the raw bytes). Also owns MCP aggregation (tool
+names, deterministic order) and mapping a call's upstream events back to the caller.
+Does not own HTTP, sessions or process supervision.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class Gateway:
                 logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,
                             message.method)
                 return
-            await target.server.notify(target.method, _authorized_params(message.params))
+            await target.server.notify(target.method, message.params)
         except GatewayError as exc:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
 
@@ -227,7 +228,7 @@ class Gateway:
         events, progress = _event_mapper(ctx, meta)
         server = target.server
         if server.config.protocol == "mcp":
-            return await server.call(target.method, _authorized_params(arguments), on_event=events, progress=progress)
+            return await server.call(target.method, arguments, on_event=events, progress=progress)
         declared = server.config.methods[target.method]
         try:
             result = await self._call_jsonrpc(server, target.method, declared, arguments, events, progress)
@@ -241,9 +242,9 @@ class Gateway:
         self, server: ToolServer, method: str, declared: MethodConfig, params: Any, events: Emit | None, progress: bool
     ) -> Any:
         if declared.notification:
-            await server.notify(method, _authorized_params(params))
+            await server.notify(method, params)
             return None
-        return await server.call(method, _authorized_params(params), on_event=events, progress=progress)
+        return await server.call(method, params, on_event=events, progress=progress)
 
     async def _direct_call(self, ctx: CallContext, target: Target, params: Any) -> Any:
         meta = params.get("_meta") if isinstance(params, dict) else None
@@ -251,7 +252,7 @@ class Gateway:
         server = target.server
         if server.config.protocol == "mcp":
             arguments = {k: v for k, v in params.items() if k != "_meta"} if isinstance(params, dict) else params
-            return await server.call(target.method, _authorized_params(arguments), on_event=events, progress=progress)
+            return await server.call(target.method, arguments, on_event=events, progress=progress)
         return await self._call_jsonrpc(
             server, target.method, server.config.methods[target.method], params, events, progress
         )
@@ -318,14 +319,6 @@ def _may_see_server(principal: Principal, server: str) -> bool:
 def _inflight_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:
     session = ctx.session.id if ctx.session else ""
     return (ctx.principal.name, session, json.dumps(request_id))
-
-
-def _authorized_params(params: Any) -> Any:
-    """A fresh copy of the authorized object, so what reaches the child is exactly what was checked."""
-    if params is None:
-        return None
-    copied: Any = json.loads(jsonrpc.dumps(params))
-    return copied
 
 
 def _event_mapper(ctx: CallContext, meta: Any) -> tuple[Emit | None, bool]:
