@@ -132,7 +132,9 @@ class Gateway:
         """A server's tool list changed: tell every session on its GET stream."""
         if self.sessions is not None:
             logger.info("server=%s tools changed; notifying sessions", server)
-            self.sessions.broadcast({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+            # Only clients that may see the server learn that it changed.
+            self.sessions.broadcast({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"},
+                                    to=lambda session: _may_see_server(session.principal, server))
 
     # -- routing ---------------------------------------------------------------------------
 

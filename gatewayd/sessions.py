@@ -11,10 +11,12 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd.errors import HttpError
+from gatewayd.policy import Principal
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class Session:
     """One MCP client session, owned by the client (principal) that created it."""
 
     id: str
-    principal: str
+    principal: Principal
     protocol_version: str
     capabilities: dict[str, Any]
     client_info: dict[str, Any]
@@ -77,7 +79,7 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def create(self, principal: str, params: dict[str, Any]) -> Session:
+    def create(self, principal: Principal, params: dict[str, Any]) -> Session:
         """A new session for an `initialize` request. Raises HttpError(503) when at the limit."""
         self.expire()
         if len(self._by_id) >= self.max_sessions:
@@ -92,13 +94,13 @@ class Sessions:
             client_info=client_info if isinstance(client_info, dict) else {},
         )
         self._by_id[session.id] = session
-        logger.info("session created for client=%s (%s, %d live)", principal, session.protocol_version, len(self))
+        logger.info("session created for client=%s (%s, %d live)", principal.name, session.protocol_version, len(self))
         return session
 
     def get(self, session_id: str, principal: str) -> Session | None:
         """The session, if it exists and belongs to `principal`; another client's id is as good as unknown."""
         session = self._by_id.get(session_id)
-        if session is None or session.principal != principal:
+        if session is None or session.principal.name != principal:
             return None
         session.last_used = time.monotonic()
         return session
@@ -113,10 +115,11 @@ class Sessions:
         for session_id in [sid for sid, s in self._by_id.items() if s.last_used < cutoff and not s.stream_open]:
             del self._by_id[session_id]
 
-    def broadcast(self, message: dict[str, Any]) -> None:
-        """Queue a notification for every session's GET stream."""
+    def broadcast(self, message: dict[str, Any], to: Callable[[Session], bool] | None = None) -> None:
+        """Queue a notification for the GET stream of every session (that `to` accepts)."""
         for session in self._by_id.values():
-            session.push(message)
+            if to is None or to(session):
+                session.push(message)
 
     def broadcast_close(self) -> None:
         """Tell every GET stream to end (the daemon is stopping)."""

@@ -163,7 +163,7 @@ async def _answer(gateway: Gateway, ctx: CallContext, message: Request | Invalid
 
 def _initialize(state: WebState, principal: Principal, message: Request) -> web.Response:
     params = message.params if isinstance(message.params, dict) else {}
-    session = state.sessions.create(principal.name, params)
+    session = state.sessions.create(principal, params)
     result = state.gateway.initialize_result(session.protocol_version)
     return _json(jsonrpc.result_response(message.id, result), session=session)
 

@@ -309,6 +309,7 @@ async def test_get_stream_carries_tools_list_changed(stack: Stack) -> None:
     second = await stack.client.get("/mcp", headers=stack.headers(Accept="text/event-stream",
                                                                   **{"Mcp-Session-Id": session}))
     assert second.status == 409
+    outsider = await stack.initialize(who="calc_only")
     await stack.post(call("fault.change_tools", {}))
     async with asyncio.timeout(10):
         while True:
@@ -317,6 +318,9 @@ async def test_get_stream_carries_tools_list_changed(stack: Stack) -> None:
                 assert json.loads(line[6:]) == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
                 break
     stream.close()
+    # The broadcast is one synchronous pass: a client that can see nothing on `fault` was left out of it.
+    outsider_session = stack.state.sessions.get(outsider, "calc_only")
+    assert outsider_session is not None and outsider_session.outbound.empty()
 
 
 async def test_client_cancellation_stops_the_call(stack: Stack) -> None:
