@@ -321,8 +321,13 @@ class Connection:
 
     def _handle_incoming(self, message: dict[str, Any]) -> None:
         if "id" in message:
-            # Requests from the child (roots/list, sampling, …) are not relayed yet: refuse them so it does not wait.
-            reply = {"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "Method not found"}}
+            # A child may ping us; other requests (roots/list, sampling, …) are not relayed yet: refuse them so
+            # the child does not wait.
+            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+            if message.get("method") == "ping":
+                reply["result"] = {}
+            else:
+                reply["error"] = {"code": -32601, "message": "Method not found"}
             with contextlib.suppress(ToolServerUnavailable):
                 self._write(reply)
             return

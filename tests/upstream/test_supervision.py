@@ -254,3 +254,33 @@ async def test_child_environment_is_minimal_plus_config(tmp_path: Path, servers:
     server = track(servers, fault_server(tmp_path, env={"TOOL_SETTING": "on"}))
     assert await server.call("env", {"name": "TOOL_SETTING"}) == "on"
     assert await server.call("env", {"name": "GATEWAYD_TEST_SECRET"}) is None
+
+
+ASKING_CHILD = """
+import json, sys
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\\n")
+    sys.stdout.flush()
+send({"jsonrpc": "2.0", "id": "c1", "method": "ping"})
+send({"jsonrpc": "2.0", "id": "c2", "method": "roots/list"})
+got, report = {}, None
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("id") in ("c1", "c2"):
+        got[m["id"]] = m
+    elif m.get("method") == "report":
+        report = m["id"]
+    if report is not None and len(got) == 2:
+        send({"jsonrpc": "2.0", "id": report, "result": got})
+        report = None
+"""
+
+
+async def test_requests_from_the_child_are_answered_never_left_waiting(
+    tmp_path: Path, servers: list[ToolServer]
+) -> None:
+    config = ServerConfig(command=[sys.executable, "-c", ASKING_CHILD], protocol="jsonrpc", methods={"report": {}})
+    server = track(servers, ToolServer("asking", config, tmp_path))
+    got = await server.call("report", {})
+    assert got["c1"] == {"jsonrpc": "2.0", "id": "c1", "result": {}}
+    assert got["c2"]["error"]["code"] == -32601
