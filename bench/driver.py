@@ -1,0 +1,274 @@
+"""The load driver and the call targets it drives.
+
+Owns: keeping N calls in flight for a fixed time and measuring them (`run_load`: calls/s,
+latency percentiles, CPU of the driver and of the server side), and one `Target` per way of
+calling echo — JSON over HTTP (the floor and gatewayd's direct `echo.echo`), MCP `tools/call`
+answered as SSE (with its session), and the calc child over its stdio pipe. Every HTTP client
+is aiohttp; every call has a deadline. The same driver measures every target, so the ratios
+are fair even where the driver itself is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from bench import wire
+from bench.procs import cpu_seconds, tree
+
+# A call that takes longer than this is an error, not a latency sample.
+CALL_TIMEOUT = 10.0
+# Longest line the stdio target accepts from the child.
+MAX_LINE_BYTES = 1024 * 1024
+# Time for the child to exit after its stdin closes, before it is killed.
+CHILD_EXIT_DEADLINE = 5.0
+# First error messages kept per measurement.
+ERRORS_KEPT = 3
+MS = 1000.0
+US = 1_000_000.0
+
+
+class Target(Protocol):
+    """One way of calling echo: `call()` makes one call and raises if the answer is wrong."""
+
+    name: str
+
+    async def call(self) -> None: ...
+
+    def server_pids(self) -> list[int]:
+        """The processes doing the serving, for CPU accounting."""
+        ...
+
+
+@dataclass
+class LoadResult:
+    """One measurement: one target at one concurrency for `seconds`."""
+
+    target: str
+    concurrency: int
+    calls: int
+    errors: int
+    seconds: float
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    driver_cpu_us_per_call: float
+    server_cpu_us_per_call: float
+    first_errors: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of already sorted values (0.0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, round(fraction * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def run_load(target: Target, concurrency: int, duration: float, warmup: float) -> LoadResult:
+    """Keep `concurrency` calls in flight for `warmup + duration` seconds; measure calls started after the warm-up."""
+    start = time.perf_counter()
+    measure_from = start + warmup
+    stop_at = measure_from + duration
+    latencies: list[float] = []
+    errors: list[str] = []
+    error_count = 0
+    pids = target.server_pids()
+    marks: dict[str, float] = {}
+
+    async def worker() -> None:
+        nonlocal error_count
+        while True:
+            began = time.perf_counter()
+            if began >= stop_at:
+                return
+            if began >= measure_from and not marks:
+                marks["driver"] = time.process_time()
+                marks["server"] = cpu_seconds(pids)
+            try:
+                await target.call()
+            except (aiohttp.ClientError, wire.BadAnswer, TimeoutError, ValueError, OSError) as exc:
+                if began >= measure_from:
+                    error_count += 1
+                    if len(errors) < ERRORS_KEPT:
+                        errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            if began >= measure_from:
+                latencies.append(time.perf_counter() - began)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - measure_from
+    driver_cpu = time.process_time() - marks.get("driver", time.process_time())
+    server_cpu = cpu_seconds(pids) - marks["server"] if marks else 0.0
+    latencies.sort()
+    calls = len(latencies)
+    return LoadResult(
+        target=target.name,
+        concurrency=concurrency,
+        calls=calls,
+        errors=error_count,
+        seconds=elapsed,
+        calls_per_s=calls / elapsed if elapsed > 0 else 0.0,
+        p50_ms=statistics.median(latencies) * MS if latencies else 0.0,
+        p99_ms=percentile(latencies, 0.99) * MS,
+        driver_cpu_us_per_call=driver_cpu / calls * US if calls else 0.0,
+        server_cpu_us_per_call=server_cpu / calls * US if calls else 0.0,
+        first_errors=errors,
+    )
+
+
+# -- HTTP targets ----------------------------------------------------------------------------
+
+
+def client_session(max_connections: int) -> aiohttp.ClientSession:
+    """An aiohttp client keeping up to `max_connections` keep-alive connections, every call bounded."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT))
+
+
+class JsonTarget:
+    """POST a fixed JSON-RPC body with `Accept: application/json`; the answer must be the echo."""
+
+    def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int) -> None:
+        self.name = name
+        self.http = http
+        self.url = url
+        self.server_pid = server_pid
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                        "Accept": wire.ACCEPT_JSON}
+
+    def server_pids(self) -> list[int]:
+        return tree(self.server_pid)
+
+    async def call(self) -> None:
+        async with self.http.post(self.url, data=wire.DIRECT_BODY, headers=self.headers) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise wire.BadAnswer(f"HTTP {response.status}: {body[:200]!r}")
+        wire.check_direct(json.loads(body))
+
+
+class SseTarget:
+    """MCP `tools/call` in one session with `Accept: application/json, text/event-stream`; the answer comes as SSE."""
+
+    def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int) -> None:
+        self.name = name
+        self.http = http
+        self.url = url
+        self.server_pid = server_pid
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                        "Accept": wire.ACCEPT_SSE}
+
+    def server_pids(self) -> list[int]:
+        return tree(self.server_pid)
+
+    async def open_session(self) -> None:
+        """`initialize`, keep its session id, send `notifications/initialized`."""
+        async with self.http.post(self.url, data=wire.INITIALIZE_BODY, headers=self.headers) as response:
+            body = await response.read()
+            session_id = response.headers.get(wire.SESSION_HEADER)
+            if response.status != 200 or not session_id:
+                raise wire.BadAnswer(f"initialize: HTTP {response.status}: {body[:200]!r}")
+        self.headers = {**self.headers, wire.SESSION_HEADER: session_id,
+                        wire.VERSION_HEADER: wire.MCP_PROTOCOL_VERSION}
+        async with self.http.post(self.url, data=wire.INITIALIZED_BODY, headers=self.headers) as response:
+            if response.status != 202:
+                raise wire.BadAnswer(f"notifications/initialized: HTTP {response.status}")
+
+    async def call(self) -> None:
+        async with self.http.post(self.url, data=wire.TOOL_CALL_BODY, headers=self.headers) as response:
+            body = await response.read()
+            if response.status != 200 or response.content_type != "text/event-stream":
+                raise wire.BadAnswer(f"HTTP {response.status} {response.content_type}: {body[:200]!r}")
+        wire.check_tool_result(wire.sse_response(body))
+
+
+# -- the child over stdio ----------------------------------------------------------------------
+
+
+class StdioTarget:
+    """The calc child driven directly: newline-delimited JSON-RPC on its pipes, calls matched by id."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids: Callable[[], int] = itertools.count(1).__next__
+
+    @property
+    def pid(self) -> int:
+        """The child's pid."""
+        assert self._proc is not None, "start() first"
+        return self._proc.pid
+
+    def server_pids(self) -> list[int]:
+        return [self.pid]
+
+    async def start(self) -> None:
+        """Spawn the child; it is ready when it answers (the first call waits for it)."""
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=self.env,
+            limit=MAX_LINE_BYTES,
+        )
+        self._reader = asyncio.create_task(self._read(), name=f"{self.name}-stdout")
+
+    async def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            message = json.loads(line)
+            call_id = message.get("id") if isinstance(message, dict) else None
+            future = self._pending.pop(call_id, None) if isinstance(call_id, int) else None
+            if future is not None and not future.done():
+                future.set_result(message)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(OSError("the child closed its stdout"))
+
+    async def call(self) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        call_id = self._ids()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        try:
+            self._proc.stdin.write(wire.compact(wire.request(wire.CHILD_METHOD, wire.ECHO_PARAMS, call_id)) + b"\n")
+            await self._proc.stdin.drain()
+            async with asyncio.timeout(CALL_TIMEOUT):
+                message = await future
+        finally:
+            self._pending.pop(call_id, None)
+        wire.check_direct(message, call_id)
+
+    async def stop(self) -> None:
+        """Close the child's stdin and wait for it to exit (killed after CHILD_EXIT_DEADLINE)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            async with asyncio.timeout(CHILD_EXIT_DEADLINE):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
