@@ -11,10 +11,11 @@ Does not own HTTP, sessions or process supervision.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,19 @@ class Target:
         return f"{self.server.name}.{self.method}"
 
 
+@dataclass(eq=False)
+class _Inflight:
+    """A call in flight and, once someone stops it, the error its caller gets instead of a result."""
+
+    task: asyncio.Task[Any]
+    reason: GatewayError | None = None
+
+    def stop(self, reason: GatewayError) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.task.cancel()
+
+
 class Gateway:
     """Routes, authorizes and forwards calls to the pool's tool servers."""
 
@@ -74,8 +88,8 @@ class Gateway:
         self.pool = pool
         self.sessions = sessions
         self.separator = tool_name_separator
-        self._inflight: dict[tuple[str, str, str], asyncio.Task[Any]] = {}
-        self._calls: set[asyncio.Task[Any]] = set()
+        self._inflight: dict[tuple[str, str, str], _Inflight] = {}
+        self._calls: set[_Inflight] = set()
         self.closing = False
 
     # -- entry points ----------------------------------------------------------------------
@@ -117,7 +131,7 @@ class Gateway:
         if method == "logging/setLevel":
             return _set_level(ctx, message.params)
         target = await self._direct_target(ctx.principal, method)
-        return await self._tracked(ctx, message, self._direct_call(ctx, target, message.params))
+        return await self._tracked(ctx, message, functools.partial(self._direct_call, ctx, target, message.params))
 
     def initialize_result(self, version: str) -> dict[str, Any]:
         """The answer to MCP `initialize` once the session exists."""
@@ -141,47 +155,38 @@ class Gateway:
     async def _direct_target(self, principal: Principal, method: str) -> Target:
         """The target of a direct `server.method` call; unknown and denied raise the same MethodNotFound."""
         server_name, dot, rest = method.partition(".")
-        server = self.pool.get(server_name) if dot else None
-        if server is None or policy.decide(principal, method) is Decision.DENY:
+        if not dot:
             raise MethodNotFound(method)
-        if not await self._has_method(server, rest):
-            raise MethodNotFound(method)
-        target = Target(server, rest)
-        self._check_confirm(principal, target)
-        return target
+        return await self._resolve(principal, server_name, rest, MethodNotFound(method))
 
-    async def _has_method(self, server: ToolServer, method: str) -> bool:
-        if server.config.protocol == "jsonrpc":
-            return method in server.config.methods
-        return any(tool.method == method for tool in await server.tools())
+    async def _tool_target(self, principal: Principal, name: Any) -> Target:
+        """The target of `tools/call {name}`; unknown and denied raise the same UnknownTool."""
+        if not isinstance(name, str):
+            raise InvalidParams("tools/call needs params.name, a string")
+        server_name, sep, rest = name.partition(self.separator)
+        if not sep or not TOOL_NAME.fullmatch(name):
+            raise UnknownTool(name)
+        return await self._resolve(principal, server_name, rest, UnknownTool(name))
 
-    def _check_confirm(self, principal: Principal, target: Target) -> None:
-        if policy.decide(principal, target.canonical) is Decision.CONFIRM:
+    async def _resolve(self, principal: Principal, server_name: str, method: str, unknown: GatewayError) -> Target:
+        """The one decision for a call: deny and absence raise `unknown` alike; confirm is refused for now."""
+        server = self.pool.get(server_name)
+        if server is None:
+            raise unknown
+        target = Target(server, method)
+        decision = policy.decide(principal, target.canonical)
+        if decision is Decision.DENY or not await server.has_tool(method):
+            raise unknown
+        if decision is Decision.CONFIRM:
             # The confirmation gate is not built yet: a call that needs a person never runs.
-            raise ConfirmationRequired(
-                f"{target.canonical} needs a person's confirmation",
-                {"method": target.canonical},
-            )
+            raise ConfirmationRequired(f"{target.canonical} needs a person's confirmation",
+                                       {"method": target.canonical})
+        return target
 
     def tool_name(self, server: str, method: str) -> str | None:
         """The MCP tool name for `server.method`, or None when it cannot be a valid one."""
         name = f"{server}{self.separator}{method}"
         return name if TOOL_NAME.fullmatch(name) else None
-
-    async def _tool_target(self, principal: Principal, name: Any) -> tuple[Target, ToolDef]:
-        """The target of `tools/call {name}`; unknown and denied raise the same UnknownTool."""
-        if not isinstance(name, str):
-            raise InvalidParams("tools/call needs params.name, a string")
-        server_name, sep, _ = name.partition(self.separator)
-        server = self.pool.get(server_name) if sep else None
-        if server is None:
-            raise UnknownTool(name)
-        for tool in await self._visible_tools(principal, server):
-            if self.tool_name(server.name, tool.method) == name:
-                target = Target(server, tool.method)
-                self._check_confirm(principal, target)
-                return target, tool
-        raise UnknownTool(name)
 
     async def _visible_tools(self, principal: Principal, server: ToolServer) -> list[ToolDef]:
         """The server's tools this principal may call (or call after confirmation)."""
@@ -220,11 +225,12 @@ class Gateway:
         params = message.params
         if not isinstance(params, dict):
             raise InvalidParams("tools/call needs params {name, arguments}")
-        target, _ = await self._tool_target(ctx.principal, params.get("name"))
+        target = await self._tool_target(ctx.principal, params.get("name"))
         arguments = params.get("arguments", {})
         if not isinstance(arguments, dict):
             raise InvalidParams("tools/call params.arguments must be an object")
-        return await self._tracked(ctx, message, self._tool_call(ctx, target, arguments, params.get("_meta")))
+        call = functools.partial(self._tool_call, ctx, target, arguments, params.get("_meta"))
+        return await self._tracked(ctx, message, call)
 
     async def _tool_call(self, ctx: CallContext, target: Target, arguments: dict[str, Any], meta: Any) -> Any:
         events, progress = _event_mapper(ctx, meta)
@@ -261,53 +267,49 @@ class Gateway:
 
     # -- cancellation ----------------------------------------------------------------------
 
-    async def _tracked(self, ctx: CallContext, message: Request, call: Any) -> Any:
+    async def _tracked(self, ctx: CallContext, message: Request, call: Callable[[], Awaitable[Any]]) -> Any:
         """Run a call so the client's `notifications/cancelled` for its id, or shutdown, can stop it."""
         if self.closing:
-            call.close()
             raise ShuttingDown("gatewayd is shutting down; retry shortly")
+        task = asyncio.current_task()
+        assert task is not None
         key = _inflight_key(ctx, message.id)
-        task: asyncio.Task[Any] = asyncio.ensure_future(call)
-        self._inflight[key] = task
-        self._calls.add(task)
+        entry = _Inflight(task)
+        self._inflight[key] = entry
+        self._calls.add(entry)
         try:
-            return await task
+            return await call()
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if task.cancelled() and not (current and current.cancelling()):
-                if self.closing:
-                    raise ShuttingDown("gatewayd stopped before the call finished") from None
-                raise RequestCancelled("the request was cancelled by the client") from None
+            # Our own cancel (client or shutdown) becomes an answer; anyone else's propagates.
+            if entry.reason is not None and task.uncancel() == 0:
+                raise entry.reason from None
             raise
         finally:
-            self._calls.discard(task)
-            if self._inflight.get(key) is task:
+            self._calls.discard(entry)
+            if self._inflight.get(key) is entry:
                 del self._inflight[key]
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
 
     async def drain(self, grace: float) -> None:
         """Refuse new calls; give those in flight `grace` seconds, then cancel them (each gets an error answer)."""
         self.closing = True
-        calls = list(self._calls)
-        if not calls:
+        if not self._calls:
             return
-        logger.info("waiting up to %gs for %d calls in flight", grace, len(calls))
-        _, pending = await asyncio.wait(calls, timeout=grace)
-        if pending:
-            logger.warning("cancelling %d calls still running after %gs", len(pending), grace)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        logger.info("waiting up to %gs for %d calls in flight", grace, len(self._calls))
+        await asyncio.wait({entry.task for entry in self._calls}, timeout=grace)
+        left = list(self._calls)
+        if left:
+            logger.warning("cancelling %d calls still running after %gs", len(left), grace)
+        for entry in left:
+            entry.stop(ShuttingDown("gatewayd stopped before the call finished"))
+        await asyncio.wait({entry.task for entry in left}, timeout=grace or None)
 
     def _cancel(self, ctx: CallContext, params: Any) -> None:
         if not isinstance(params, dict) or "requestId" not in params:
             return
-        task = self._inflight.get(_inflight_key(ctx, params["requestId"]))
-        if task is not None:
+        entry = self._inflight.get(_inflight_key(ctx, params["requestId"]))
+        if entry is not None:
             logger.info("client=%s cancelled request %.64r", ctx.principal.name, params["requestId"])
-            task.cancel()
+            entry.stop(RequestCancelled("the request was cancelled by the client"))
 
 
 def _may_see_server(principal: Principal, server: str) -> bool:

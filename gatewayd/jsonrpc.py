@@ -109,7 +109,8 @@ def parse_body(data: bytes, *, max_depth: int, max_batch: int) -> Body:
         raise InvalidRequest(f"Invalid Request: JSON nested deeper than {max_depth}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise ParseError("Parse error") from exc
-    if _depth_exceeds(value, max_depth):
+    # Nesting needs an opening bracket per level: a body with few of them cannot be too deep.
+    if data.count(b"[") + data.count(b"{") > max_depth and _depth_exceeds(value, max_depth):
         raise InvalidRequest(f"Invalid Request: JSON nested deeper than {max_depth}")
     if isinstance(value, list):
         if not value:

@@ -83,6 +83,7 @@ class ToolServer:
         self._start_lock = asyncio.Lock()
         self._watch_task: asyncio.Task[None] | None = None
         self._tools: list[ToolDef] | None = None
+        self._tool_names: frozenset[str] = frozenset()
         self._slots = asyncio.Semaphore(config.max_in_flight)
         self._waiting = 0
         self._active = 0
@@ -91,6 +92,11 @@ class ToolServer:
         self._next_start = 0.0
         self.restarts = 0
         self.last_exit: str | None = None
+
+    def _set_tools(self, tools: list[ToolDef] | None) -> None:
+        """Cache the child's tool list (None: stale) with a name index for the hot path."""
+        self._tools = tools
+        self._tool_names = frozenset(tool.method for tool in tools or ())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -166,15 +172,14 @@ class ToolServer:
                 timeout=timeout,
             )
             await conn.notify("notifications/initialized")
-            self._tools = await self._fetch_tools(conn)
+            self._set_tools(await self._fetch_tools(conn))
         except UpstreamError as exc:
             raise ToolServerUnavailable(
                 f"tool server {self.name!r} refused the MCP handshake: {exc.message}", {"server": self.name}
             ) from exc
-        logger.info(
-            "server=%s pid=%d ready: protocol %s, %d tools",
-            self.name, conn.pid, result.get("protocolVersion") if isinstance(result, dict) else "?", len(self._tools),
-        )
+        version = result.get("protocolVersion") if isinstance(result, dict) else "?"
+        logger.info("server=%s pid=%d ready: protocol %s, %d tools", self.name, conn.pid, version,
+                    len(self._tool_names))
 
     async def _fetch_tools(self, conn: Connection) -> list[ToolDef]:
         tools: list[ToolDef] = []
@@ -275,7 +280,7 @@ class ToolServer:
     def _on_notification(self, message: dict[str, Any]) -> None:
         method = message.get("method")
         if method == "notifications/tools/list_changed":
-            self._tools = None
+            self._set_tools(None)
             if self._on_tools_changed is not None:
                 self._on_tools_changed(self.name)
         elif method == "notifications/message":
@@ -294,14 +299,10 @@ class ToolServer:
                 f"{self._waiting} waiting",
                 {"server": self.name, "max_in_flight": self.config.max_in_flight},
             )
-        self._waiting += 1
-        try:
-            async with asyncio.timeout(timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name}) from None
-        finally:
-            self._waiting -= 1
+        if self._slots.locked():
+            await self._wait_for_slot(timeout)
+        else:
+            await self._slots.acquire()
         self._active += 1
         self._touch()
         try:
@@ -310,6 +311,16 @@ class ToolServer:
             self._active -= 1
             self._slots.release()
             self._touch()
+
+    async def _wait_for_slot(self, timeout: float) -> None:
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name}) from None
+        finally:
+            self._waiting -= 1
 
     async def call(
         self, method: str, params: Any, *, on_event: EventSink | None = None, progress: bool = False
@@ -350,6 +361,14 @@ class ToolServer:
             conn = await self.ensure_running()
             await conn.notify(method, params)
 
+    async def has_tool(self, method: str) -> bool:
+        """Whether the server offers `method` (declared, or listed by the MCP child)."""
+        if self.config.protocol == "jsonrpc":
+            return method in self.config.methods
+        if self._tools is None or self._conn is None:
+            await self.tools()
+        return method in self._tool_names
+
     async def tools(self) -> list[ToolDef]:
         """The server's tools: declared in config (plain JSON-RPC) or listed by the child (MCP, cached)."""
         if self.config.protocol == "jsonrpc":
@@ -360,8 +379,8 @@ class ToolServer:
         if self._tools is None or self._conn is None:
             conn = await self.ensure_running()
             if self._tools is None:
-                self._tools = await self._fetch_tools(conn)
-        return self._tools
+                self._set_tools(await self._fetch_tools(conn))
+        return self._tools or []
 
     def status(self) -> dict[str, Any]:
         """A snapshot for logs, the admin API and metrics."""

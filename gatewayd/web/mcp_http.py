@@ -9,6 +9,7 @@ and the GET stream. Does not own routing or policy (gateway.py) or tokens (auth.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -124,8 +125,10 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         return web.Response(status=202)
     if not body.is_batch and sse_ok and _is_call(requests[0]):
         return await _answer_sse(request, state, ctx, requests[0])
+    if not body.is_batch:
+        return _json(await _answer(state.gateway, ctx, requests[0]), session=session)
     responses = await asyncio.gather(*(_answer(state.gateway, ctx, message) for message in requests))
-    return _json(responses if body.is_batch else responses[0], session=session)
+    return _json(responses, session=session)
 
 
 def _needs_session(message: jsonrpc.Message) -> bool:
@@ -179,20 +182,16 @@ async def _answer_sse(
     request: web.Request, state: WebState, ctx: CallContext, message: Request | Invalid
 ) -> web.StreamResponse:
     """Answer one call as an SSE stream: its progress and log notifications, keep-alives, then the response."""
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(SSE_QUEUE_LIMIT)
-
-    def emit(event: dict[str, Any]) -> None:
-        if not queue.full():
-            queue.put_nowait(event)
-
-    ctx.emit = emit
+    stream = _EventStream()
+    ctx.emit = stream.emit
     response = web.StreamResponse(headers=SSE_HEADERS)
     if ctx.session is not None:
         response.headers[SESSION_HEADER] = ctx.session.id
     await response.prepare(request)
     call = asyncio.ensure_future(_answer(state.gateway, ctx, message))
+    call.add_done_callback(stream.wake)
     try:
-        await _pump(response, queue, call, state.settings.sse_keepalive)
+        await stream.pump(response, call, state.settings.sse_keepalive)
         await response.write(_event(call.result()))
     except ConnectionError:
         # A dropped stream is not a cancellation (MCP 2025): let the call finish, bounded by its own deadline.
@@ -203,24 +202,42 @@ async def _answer_sse(
         if not call.done():
             call.cancel()
             await asyncio.gather(call, return_exceptions=True)
+        if stream.dropped:
+            logger.warning("client=%s slow SSE reader: %d notifications dropped", ctx.principal.name, stream.dropped)
     return response
 
 
-async def _pump(
-    response: web.StreamResponse, queue: asyncio.Queue[dict[str, Any]], call: asyncio.Future[Any], keepalive: float
-) -> None:
-    """Write queued events until the call is done; a comment line after `keepalive` seconds of quiet."""
-    while not call.done():
-        getter = asyncio.ensure_future(queue.get())
-        done, _ = await asyncio.wait({call, getter}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED)
-        if getter in done:
-            await response.write(_event(getter.result()))
-        else:
-            getter.cancel()
-            if not done:
+class _EventStream:
+    """Notifications of one call waiting to be written; `wake` is set by a new event or the call's end."""
+
+    def __init__(self) -> None:
+        self.events: collections.deque[dict[str, Any]] = collections.deque()
+        self.dropped = 0
+        self._wake = asyncio.Event()
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if len(self.events) >= SSE_QUEUE_LIMIT:
+            self.dropped += 1
+            return
+        self.events.append(event)
+        self._wake.set()
+
+    def wake(self, _: Any = None) -> None:
+        self._wake.set()
+
+    async def pump(self, response: web.StreamResponse, call: asyncio.Future[Any], keepalive: float) -> None:
+        """Write events until the call is done; a comment line after `keepalive` seconds of quiet."""
+        while True:
+            while self.events:
+                await response.write(_event(self.events.popleft()))
+            if call.done():
+                return
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(keepalive):
+                    await self._wake.wait()
+            except TimeoutError:
                 await response.write(b": keep-alive\n\n")
-    while not queue.empty():
-        await response.write(_event(queue.get_nowait()))
 
 
 async def handle_get(request: web.Request) -> web.StreamResponse:
