@@ -45,14 +45,19 @@ def listen_on(state: WebState, port: int) -> None:
     state.origins = frozenset(state.settings.origins(port))
 
 
+def make_runner(state: WebState) -> web.AppRunner:
+    """The aiohttp runner. Handlers are not cancelled when a client goes away: a dropped SSE stream is not a
+    cancellation in MCP 2025, and calls end by their own deadlines."""
+    return web.AppRunner(create_app(state), access_log=None, handle_signals=False,
+                         shutdown_timeout=state.settings.shutdown_grace, handler_cancellation=False)
+
+
 async def serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
     """Run the daemon until SIGTERM or SIGINT. Raises ConfigInvalid before listening if the config is bad."""
     snapshot = load_snapshot(settings.config_dir)
     state = build(settings, snapshot)
     pool, sessions = state.gateway.pool, state.sessions
-    runner = web.AppRunner(
-        create_app(state), access_log=None, handle_signals=False, shutdown_timeout=settings.shutdown_grace
-    )
+    runner = make_runner(state)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

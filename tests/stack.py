@@ -1,38 +1,61 @@
-"""The daemon's whole HTTP stack in-process, on the pytest-aiohttp test server, for fast web tests.
+"""The daemon's whole HTTP stack in-process on a real loopback socket, for fast web tests.
 
-Same wiring as the daemon (`gatewayd.app.build`); only the process boundary is missing.
-Children are still real processes.
+Same wiring and the same aiohttp runner as the daemon (`gatewayd.app.build`, `make_runner`);
+only the process boundary is missing. Children are still real processes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
+import aiohttp
+from aiohttp import web
 
-from gatewayd.app import build, listen_on
+from gatewayd.app import build, listen_on, make_runner
 from gatewayd.config.loader import load_snapshot
 from gatewayd.settings import Settings
-from gatewayd.web.app import create_app
 from gatewayd.web.mcp_http import WebState
 
-ClientFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
+# Bound on any one request a test makes.
+REQUEST_TIMEOUT = 60
+
+
+class LocalClient:
+    """An HTTP client bound to the in-process daemon: `post("/mcp", ...)`, `get`, `delete`."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
+
+    async def post(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.session.post(self.base + path, **kwargs)
+
+    async def get(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.session.get(self.base + path, **kwargs)
+
+    async def delete(self, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        return await self.session.delete(self.base + path, **kwargs)
 
 
 @asynccontextmanager
-async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[TestClient[Any, Any], WebState]]:
-    """An HTTP test client talking to a full in-process gateway on `config_dir`; stops its children after."""
+async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, WebState]]:
+    """A client talking to a full in-process gateway on `config_dir`; stops its children after."""
     state = build(Settings(config_dir=config_dir, **settings), load_snapshot(config_dir))
-    server = TestServer(create_app(state), host="127.0.0.1")
-    client: TestClient[Any, Any] = TestClient(server)
-    await client.start_server()
-    assert server.port is not None
-    listen_on(state, server.port)
+    runner = make_runner(state)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = int(runner.addresses[0][1])
+    listen_on(state, port)
+    client = LocalClient(port)
     try:
         yield client, state
     finally:
-        await client.close()
+        await client.session.close()
+        await state.gateway.drain(0)
+        await runner.cleanup()
         await state.gateway.pool.stop_all()

@@ -2,14 +2,13 @@
 
 Owns: request framing (Content-Type, Accept), the one parse of the body, MCP session rules
 (minting on `initialize`, 400 without a session id, 404 for an unknown one, the
-MCP-Protocol-Version header), choosing a JSON or SSE answer, SSE framing and keep-alives,
-and the GET stream. Does not own routing or policy (gateway.py) or tokens (auth.py).
+MCP-Protocol-Version header), choosing a JSON or SSE answer (SSE itself: sse.py), and the
+GET stream. Does not own routing or policy (gateway.py) or tokens (auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session, Sessions
 from gatewayd.settings import Settings
+from gatewayd.web import sse
 from gatewayd.web.auth import TokenTable
 
 logger = logging.getLogger(__name__)
@@ -32,9 +32,6 @@ SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 # MCP's own methods need a session; `server.method` direct calls do not.
 SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel"})
-# Events a slow SSE reader may fall behind by before progress events are dropped (the result never is).
-SSE_QUEUE_LIMIT = 1024
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass
@@ -174,70 +171,24 @@ def _initialize(state: WebState, principal: Principal, message: Request) -> web.
 # -- SSE -----------------------------------------------------------------------------------
 
 
-def _event(message: dict[str, Any]) -> bytes:
-    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
-
-
 async def _answer_sse(
     request: web.Request, state: WebState, ctx: CallContext, message: Request | Invalid
 ) -> web.StreamResponse:
-    """Answer one call as an SSE stream: its progress and log notifications, keep-alives, then the response."""
-    stream = _EventStream()
+    """Answer one call as SSE: its progress and log notifications, keep-alives, then the response."""
+    headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
+    stream = sse.CallStream(request, headers, state.settings.sse_keepalive)
     ctx.emit = stream.emit
-    response = web.StreamResponse(headers=SSE_HEADERS)
-    if ctx.session is not None:
-        response.headers[SESSION_HEADER] = ctx.session.id
-    await response.prepare(request)
-    call = asyncio.ensure_future(_answer(state.gateway, ctx, message))
-    call.add_done_callback(stream.wake)
     try:
-        await stream.pump(response, call, state.settings.sse_keepalive)
-        await response.write(_event(call.result()))
-    except ConnectionError:
-        # A dropped stream is not a cancellation (MCP 2025): let the call finish, bounded by its own deadline.
+        answer = await _answer(state.gateway, ctx, message)
+    except BaseException:
+        await stream.abandon()
+        raise
+    response = await stream.finish(answer)
+    if stream.broken:
         logger.info("client=%s SSE stream closed before the answer", ctx.principal.name)
-        ctx.emit = None
-        await call
-    finally:
-        if not call.done():
-            call.cancel()
-            await asyncio.gather(call, return_exceptions=True)
-        if stream.dropped:
-            logger.warning("client=%s slow SSE reader: %d notifications dropped", ctx.principal.name, stream.dropped)
+    if stream.dropped:
+        logger.warning("client=%s slow SSE reader: %d notifications dropped", ctx.principal.name, stream.dropped)
     return response
-
-
-class _EventStream:
-    """Notifications of one call waiting to be written; `wake` is set by a new event or the call's end."""
-
-    def __init__(self) -> None:
-        self.events: collections.deque[dict[str, Any]] = collections.deque()
-        self.dropped = 0
-        self._wake = asyncio.Event()
-
-    def emit(self, event: dict[str, Any]) -> None:
-        if len(self.events) >= SSE_QUEUE_LIMIT:
-            self.dropped += 1
-            return
-        self.events.append(event)
-        self._wake.set()
-
-    def wake(self, _: Any = None) -> None:
-        self._wake.set()
-
-    async def pump(self, response: web.StreamResponse, call: asyncio.Future[Any], keepalive: float) -> None:
-        """Write events until the call is done; a comment line after `keepalive` seconds of quiet."""
-        while True:
-            while self.events:
-                await response.write(_event(self.events.popleft()))
-            if call.done():
-                return
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(keepalive):
-                    await self._wake.wait()
-            except TimeoutError:
-                await response.write(b": keep-alive\n\n")
 
 
 async def handle_get(request: web.Request) -> web.StreamResponse:
@@ -251,7 +202,7 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
     assert session is not None
     if session.stream_open:
         raise HttpError(409, "this session already has an open GET stream")
-    response = web.StreamResponse(headers={**SSE_HEADERS, SESSION_HEADER: session.id})
+    response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
     await response.prepare(request)
     session.stream_open = True
     try:
@@ -269,11 +220,11 @@ async def _stream_session(response: web.StreamResponse, session: Session, keepal
             async with asyncio.timeout(keepalive):
                 message = await session.outbound.get()
         except TimeoutError:
-            await response.write(b": keep-alive\n\n")
+            await response.write(sse.KEEPALIVE)
             continue
         if message is None:
             return
-        await response.write(_event(message))
+        await response.write(sse.event(message))
 
 
 async def handle_delete(request: web.Request) -> web.Response:

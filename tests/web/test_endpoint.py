@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from gatewayd.web.mcp_http import WebState
 from tests.daemon import FAULTSRV, python_command, write_config
-from tests.stack import running_stack
+from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
 
-Client = TestClient[Any, Any]
+Client = LocalClient
 SSE = "application/json, text/event-stream"
 CALC = python_command("-m", "gatewayd.examples.calc") + """
 protocol = "jsonrpc"
@@ -115,7 +115,7 @@ async def test_foreign_host_is_421(stack: Stack) -> None:
 async def test_foreign_origin_is_403_and_own_origin_is_fine(stack: Stack) -> None:
     response = await stack.post(call("calc.add", {"a": 1, "b": 2}), Origin="https://evil.example.com")
     assert response.status == 403
-    own = f"http://127.0.0.1:{stack.client.server.port}"
+    own = f"http://127.0.0.1:{stack.client.port}"
     response = await stack.post(call("calc.add", {"a": 1, "b": 2}), Origin=own)
     assert response.status == 200
 
@@ -352,3 +352,25 @@ async def test_notification_to_an_mcp_tool_is_not_run(stack: Stack) -> None:
     await stack.post(call("fault.pid", {}))
     methods = [json.loads(line).get("method") for line in stack.record.read_text().splitlines()]
     assert methods.count("tools/call") == 1
+
+
+async def test_a_quick_call_gets_the_whole_sse_stream_in_one_body(stack: Stack) -> None:
+    session = await stack.initialize()
+    response = await stack.post(call("tools/call", {"name": "calc__add", "arguments": {"a": 1, "b": 2}}),
+                                Accept=SSE, **{"Mcp-Session-Id": session})
+    assert response.content_type == "text/event-stream"
+    assert response.headers["Content-Length"] == str(len(await response.read()))
+    assert sse_events(await response.text())[-1]["result"]["structuredContent"] == {"result": 3}
+
+
+async def test_a_dropped_sse_stream_does_not_stop_the_call_or_the_daemon(stack: Stack, caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="gatewayd.web.mcp_http")
+    session = await stack.initialize()
+    params = {"name": "fault__sleep", "arguments": {"seconds": 0.5}}
+    response = await stack.post(call("tools/call", params), Accept=SSE, **{"Mcp-Session-Id": session})
+    async with asyncio.timeout(10):
+        assert (await response.content.readline()).startswith(b": keep-alive")
+    response.close()
+    await eventually(lambda: "SSE stream closed before the answer" in caplog.text, what="the gateway noticed")
+    answer = await stack.post(call("calc.add", {"a": 1, "b": 1}))
+    assert (await answer.json())["result"] == 2

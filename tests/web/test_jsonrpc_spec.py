@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from tests.daemon import REPO, python_command, write_config
-from tests.stack import running_stack
+from tests.stack import LocalClient, running_stack
 
 SPEC_SERVER = python_command(str(REPO / "tests" / "fixtures" / "specsrv.py")) + """
 protocol = "jsonrpc"
@@ -29,7 +28,7 @@ notification = true
 notification = true
 """
 
-Client = TestClient[Any, Any]
+Client = LocalClient
 
 
 @pytest.fixture

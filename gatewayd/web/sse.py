@@ -1,0 +1,108 @@
+"""Server-Sent Events: framing, and answering one call as an event stream.
+
+Owns the wire form of an event (one single-line JSON per `data:`), keep-alive comments, and
+`CallStream`: the answer to one call that may emit notifications before its result. A call
+that finishes before it emits anything, or before the first keep-alive is due, is answered
+with the whole stream in one body (one write, with a length); only a call that has something
+to say early, or runs long, holds a chunked stream open. Does not own which calls get SSE
+(mcp_http.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gatewayd import jsonrpc
+
+logger = logging.getLogger(__name__)
+
+# Events a slow reader may fall behind by before further notifications are dropped (the result never is).
+QUEUE_LIMIT = 1024
+HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def event(message: dict[str, Any]) -> bytes:
+    """One SSE event carrying one JSON-RPC message on a single `data:` line."""
+    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
+
+
+class CallStream:
+    """The SSE answer to one call. Give `emit` to the call as its event sink, then `finish` with its response."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float) -> None:
+        self._request = request
+        self._headers = {**HEADERS, **headers}
+        self._keepalive = keepalive
+        self._events: collections.deque[dict[str, Any]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._response: web.StreamResponse | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(keepalive, self._open)
+        self._finished = False
+        self.broken = False
+        self.dropped = 0
+
+    def emit(self, message: dict[str, Any]) -> None:
+        """Queue a notification of the call; it opens the stream if it is not open yet."""
+        if self.broken:
+            return
+        if len(self._events) >= QUEUE_LIMIT:
+            self.dropped += 1
+            return
+        self._events.append(message)
+        self._open()
+        self._wake.set()
+
+    def _open(self) -> None:
+        if self._pump is None and not self._finished:
+            self._pump = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        """Owns the open stream: headers, queued events, keep-alives, until `finish`."""
+        response = self._response = web.StreamResponse(headers=self._headers)
+        try:
+            await response.prepare(self._request)
+            while True:
+                while self._events:
+                    await response.write(event(self._events.popleft()))
+                if self._finished:
+                    return
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(self._keepalive):
+                        await self._wake.wait()
+                except TimeoutError:
+                    await response.write(KEEPALIVE)
+        except ConnectionError:
+            # A dropped stream is not a cancellation (MCP 2025): the call goes on, its answer has nowhere to go.
+            self.broken = True
+
+    async def finish(self, message: dict[str, Any]) -> web.StreamResponse:
+        """End the stream with the call's response."""
+        self._finished = True
+        self._timer.cancel()
+        if self._pump is None:
+            return web.Response(body=event(message), headers=self._headers)
+        self._wake.set()
+        await self._pump
+        assert self._response is not None
+        if not self.broken:
+            try:
+                await self._response.write(event(message))
+            except ConnectionError:
+                self.broken = True
+        return self._response
+
+    async def abandon(self) -> None:
+        """Stop the stream without a response (the call itself was cancelled)."""
+        self._finished = True
+        self._timer.cancel()
+        if self._pump is not None:
+            self._pump.cancel()
+            await asyncio.gather(self._pump, return_exceptions=True)
