@@ -40,6 +40,13 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
 
 
+def _config_errors(prog: str, exc: ConfigInvalid) -> int:
+    """Print every config error, one line each, and give the config-error exit status."""
+    for error in exc.errors:
+        print(f"{prog}: config error: {error}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
 # -- gatewayd -------------------------------------------------------------------------------
 
 
@@ -88,9 +95,7 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
 
         asyncio.run(serve(settings))
     except ConfigInvalid as exc:
-        for error in exc.errors:
-            print(f"gatewayd: config error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _config_errors("gatewayd", exc)
     except OSError as exc:
         print(f"gatewayd: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -155,9 +160,7 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
     try:
         return verbs[args.verb](args)
     except ConfigInvalid as exc:
-        for error in exc.errors:
-            print(f"gatewayctl: config error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return _config_errors("gatewayctl", exc)
     except ConfigError as exc:
         print(f"gatewayctl: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -186,11 +186,9 @@ class Connection:
             asyncio.create_task(self._wait_exit(), name=f"{self.name}-wait"),
         ]
 
-    async def wait_exited(self) -> ExitInfo:
-        """Wait until the child has exited and every pending call has failed."""
-        await self._exited.wait()
-        assert self.exit_info is not None
-        return self.exit_info
+    async def wait_exited(self, timeout: float | None) -> bool:
+        """Whether the child exits (and its pending calls have failed) within `timeout` seconds (None: ever)."""
+        return await _wait_event(self._exited, timeout)
 
     # -- sending ---------------------------------------------------------------------------
 
@@ -430,7 +428,7 @@ class Connection:
         return self.exit_info
 
 
-async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     try:
         async with asyncio.timeout(timeout):
             await event.wait()

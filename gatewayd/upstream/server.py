@@ -203,7 +203,7 @@ class ToolServer:
     async def _watch(self, conn: Connection) -> None:
         """Stops the running child after `idle_timeout` of silence; ends when the child exits."""
         while True:
-            if await _exited_within(conn, self._idle_wait()):
+            if await conn.wait_exited(self._idle_wait()):
                 return
             if await self._stop_if_idle(conn):
                 return
@@ -408,12 +408,3 @@ def _tool_def(item: dict[str, Any]) -> ToolDef:
         schema if isinstance(schema, dict) else {"type": "object"},
         item,
     )
-
-
-async def _exited_within(conn: Connection, timeout: float | None) -> bool:
-    try:
-        async with asyncio.timeout(timeout):
-            await conn.wait_exited()
-    except TimeoutError:
-        return False
-    return True
