@@ -142,6 +142,7 @@ class Connection:
         self._exited = asyncio.Event()
         self.exit_info: ExitInfo | None = None
         self._closing = False
+        self._outbox: list[bytes] = []
 
     @property
     def pid(self) -> int:
@@ -193,9 +194,20 @@ class Connection:
     # -- sending ---------------------------------------------------------------------------
 
     def _write(self, message: dict[str, Any]) -> None:
+        """Queue one line for the child. Lines queued in the same loop turn go out in one write: one
+        syscall and one wake-up of the child instead of one per call (measured: the pipe write was the
+        largest single cost of a call under load)."""
         if not self.alive or self._proc is None or self._proc.stdin is None:
             raise self._unavailable("is not running")
-        self._proc.stdin.write(jsonrpc.dumps(message) + b"\n")
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(jsonrpc.dumps(message) + b"\n")
+
+    def _flush(self) -> None:
+        lines, self._outbox = self._outbox, []
+        if self._proc is None or self._proc.stdin is None or self._proc.stdin.is_closing():
+            return
+        self._proc.stdin.write(b"".join(lines))
 
     async def _drain(self) -> None:
         assert self._proc is not None and self._proc.stdin is not None
@@ -412,6 +424,7 @@ class Connection:
             return ExitInfo(None, [])
         if not self._exited.is_set():
             with contextlib.suppress(OSError, RuntimeError):
+                self._flush()
                 if proc.stdin is not None:
                     proc.stdin.close()
             if not await _wait_event(self._exited, STDIN_CLOSE_GRACE):
