@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from gatewayd.config.loader import Snapshot
-from gatewayd.config.models import METHOD_NAME
+from gatewayd.config.models import METHOD_NAME, ClientLimits
 
 CANONICAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_./-]+$")
 
@@ -32,11 +32,12 @@ class Decision(enum.Enum):
 
 @dataclass(frozen=True)
 class Principal:
-    """An authenticated client and the patterns its roles grant."""
+    """An authenticated client, the patterns its roles grant, and its limits (None: the daemon's default)."""
 
     name: str
     allow: tuple[str, ...]
     confirm: tuple[str, ...]
+    limits: ClientLimits = field(default_factory=ClientLimits)
 
 
 @lru_cache(maxsize=4096)
@@ -81,4 +82,4 @@ def principal_for(snapshot: Snapshot, client_name: str) -> Principal:
         role = snapshot.roles[role_name]
         allow.extend(role.allow)
         confirm.extend(role.confirm)
-    return Principal(client_name, tuple(allow), tuple(confirm))
+    return Principal(client_name, tuple(allow), tuple(confirm), client.limits)

@@ -110,11 +110,20 @@ class Role(_Strict):
     confirm: list[str] = Field(default_factory=list)
 
 
+class ClientLimits(_Strict):
+    """Per-client overrides of the daemon's per-client limits (settings give the defaults)."""
+
+    max_concurrent: int | None = Field(None, ge=1, description="calls in flight at once")
+    rate: float | None = Field(None, gt=0, description="calls per second, sustained")
+    burst: int | None = Field(None, ge=1, description="calls allowed at once above the rate")
+
+
 class Client(_Strict):
-    """An agent identity: its token hashes and its roles."""
+    """An agent identity: its token hashes, its roles and optional limits."""
 
     token_sha256: list[str] = Field(default_factory=list)
     roles: list[str] = Field(default_factory=list)
+    limits: ClientLimits = Field(default_factory=ClientLimits)
 
     @field_validator("token_sha256", mode="before")
     @classmethod
