@@ -98,6 +98,13 @@ class UnknownTool(InvalidParams):
         super().__init__(f"Unknown tool: {name}")
 
 
+class ArgumentsRefused(InvalidParams):
+    """Raised when a client may call a method but its arguments break a policy rule; `data` names the rule."""
+
+    error_type = "arguments_refused"
+    structured = True
+
+
 class InternalError(GatewayError):
     """Raised when the gateway itself failed; the details stay in the log."""
 

@@ -22,6 +22,7 @@ from typing import Any
 from gatewayd import __version__, jsonrpc, policy
 from gatewayd.config.models import MethodConfig
 from gatewayd.errors import (
+    ArgumentsRefused,
     ConfirmationRequired,
     GatewayError,
     InvalidParams,
@@ -110,7 +111,7 @@ class Gateway:
         if message.method.startswith("notifications/"):
             return
         try:
-            target = await self._direct_target(ctx.principal, message.method)
+            target = await self._direct_target(ctx.principal, message.method, message.params)
             if target.server.config.protocol == "mcp":
                 # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
                 logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,
@@ -130,7 +131,7 @@ class Gateway:
             return await self._tools_call(ctx, message)
         if method == "logging/setLevel":
             return _set_level(ctx, message.params)
-        target = await self._direct_target(ctx.principal, method)
+        target = await self._direct_target(ctx.principal, method, message.params)
         return await self._tracked(ctx, message, functools.partial(self._direct_call, ctx, target, message.params))
 
     def initialize_result(self, version: str) -> dict[str, Any]:
@@ -152,35 +153,42 @@ class Gateway:
 
     # -- routing ---------------------------------------------------------------------------
 
-    async def _direct_target(self, principal: Principal, method: str) -> Target:
+    async def _direct_target(self, principal: Principal, method: str, params: Any) -> Target:
         """The target of a direct `server.method` call; unknown and denied raise the same MethodNotFound."""
         server_name, dot, rest = method.partition(".")
         if not dot:
             raise MethodNotFound(method)
-        return await self._resolve(principal, server_name, rest, MethodNotFound(method))
+        return await self._resolve(principal, server_name, rest, _arguments(params), MethodNotFound(method))
 
-    async def _tool_target(self, principal: Principal, name: Any) -> Target:
+    async def _tool_target(self, principal: Principal, name: Any, arguments: dict[str, Any]) -> Target:
         """The target of `tools/call {name}`; unknown and denied raise the same UnknownTool."""
         if not isinstance(name, str):
             raise InvalidParams("tools/call needs params.name, a string")
         server_name, sep, rest = name.partition(self.separator)
         if not sep or not TOOL_NAME.fullmatch(name):
             raise UnknownTool(name)
-        return await self._resolve(principal, server_name, rest, UnknownTool(name))
+        return await self._resolve(principal, server_name, rest, arguments, UnknownTool(name))
 
-    async def _resolve(self, principal: Principal, server_name: str, method: str, unknown: GatewayError) -> Target:
+    async def _resolve(
+        self, principal: Principal, server_name: str, method: str, arguments: Any, unknown: GatewayError
+    ) -> Target:
         """The one decision for a call: deny and absence raise `unknown` alike; confirm is refused for now."""
         server = self.pool.get(server_name)
         if server is None:
             raise unknown
         target = Target(server, method)
-        decision = policy.decide(principal, target.canonical)
-        if decision is Decision.DENY or not await server.has_tool(method):
+        verdict = policy.decide(principal, target.canonical, arguments,
+                                confirm_required=_confirm_required(server, method))
+        if (verdict.decision is Decision.DENY and not verdict.refused_arguments) or not await server.has_tool(method):
             raise unknown
-        if decision is Decision.CONFIRM:
+        if verdict.refused_arguments:
+            assert verdict.rule is not None
+            raise ArgumentsRefused(f"{target.canonical}: argument {verdict.rule.argument!r} breaks the policy rule "
+                                   f"{verdict.rule.check}", {"rule": verdict.rule.describe()})
+        if verdict.decision is Decision.CONFIRM:
             # The confirmation gate is not built yet: a call that needs a person never runs.
             raise ConfirmationRequired(f"{target.canonical} needs a person's confirmation",
-                                       {"method": target.canonical})
+                                       {"method": target.canonical, "reason": verdict.reason})
         return target
 
     def tool_name(self, server: str, method: str) -> str | None:
@@ -193,7 +201,11 @@ class Gateway:
         if not _may_see_server(principal, server.name):
             return []
         tools = await server.tools()
-        return [t for t in tools if policy.decide(principal, f"{server.name}.{t.method}") is not Decision.DENY]
+        return [t for t in tools if self._listing(principal, server, t) is not Decision.DENY]
+
+    def _listing(self, principal: Principal, server: ToolServer, tool: ToolDef) -> Decision:
+        return policy.may_call(principal, f"{server.name}.{tool.method}",
+                               confirm_required=_confirm_required(server, tool.method))
 
     # -- MCP methods -----------------------------------------------------------------------
 
@@ -206,29 +218,32 @@ class Gateway:
             if isinstance(result, BaseException):
                 logger.warning("server=%s left out of tools/list: %s", server.name, result)
                 continue
-            tools.extend(self._describe(server, tool) for tool in sorted(result, key=lambda t: t.method))
+            tools.extend(self._describe(principal, server, tool) for tool in sorted(result, key=lambda t: t.method))
         return {"tools": [tool for tool in tools if tool]}
 
-    def _describe(self, server: ToolServer, tool: ToolDef) -> dict[str, Any]:
+    def _describe(self, principal: Principal, server: ToolServer, tool: ToolDef) -> dict[str, Any]:
         name = self.tool_name(server.name, tool.method)
         if name is None:
             logger.warning("server=%s tool %r has no valid MCP name; call it directly", server.name, tool.method)
             return {}
         if tool.raw is not None:
-            return {**tool.raw, "name": name}
-        described: dict[str, Any] = {"name": name, "inputSchema": tool.input_schema}
-        if tool.description:
-            described["description"] = tool.description
+            described = {**tool.raw, "name": name}
+        else:
+            described = {"name": name, "inputSchema": tool.input_schema}
+            if tool.description:
+                described["description"] = tool.description
+        if self._listing(principal, server, tool) is Decision.CONFIRM:
+            _mark_confirm(described)
         return described
 
     async def _tools_call(self, ctx: CallContext, message: Request) -> Any:
         params = message.params
         if not isinstance(params, dict):
             raise InvalidParams("tools/call needs params {name, arguments}")
-        target = await self._tool_target(ctx.principal, params.get("name"))
         arguments = params.get("arguments", {})
         if not isinstance(arguments, dict):
             raise InvalidParams("tools/call params.arguments must be an object")
+        target = await self._tool_target(ctx.principal, params.get("name"), arguments)
         call = functools.partial(self._tool_call, ctx, target, arguments, params.get("_meta"))
         return await self._tracked(ctx, message, call)
 
@@ -259,8 +274,7 @@ class Gateway:
         events, progress = _event_mapper(ctx, meta)
         server = target.server
         if server.config.protocol == "mcp":
-            arguments = {k: v for k, v in params.items() if k != "_meta"} if isinstance(params, dict) else params
-            return await server.call(target.method, arguments, on_event=events, progress=progress)
+            return await server.call(target.method, _arguments(params), on_event=events, progress=progress)
         return await self._call_jsonrpc(
             server, target.method, server.config.methods[target.method], params, events, progress
         )
@@ -312,11 +326,34 @@ class Gateway:
             entry.stop(RequestCancelled("the request was cancelled by the client"))
 
 
+CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "
+CONFIRM_META = "io.gatewayd/requiresConfirmation"
+
+
+def _mark_confirm(described: dict[str, Any]) -> None:
+    """Say in the listing that a tool waits for a person, for the model (description) and programs (_meta)."""
+    described["description"] = CONFIRM_NOTE + str(described.get("description") or "")
+    meta = described.get("_meta")
+    described["_meta"] = {**(meta if isinstance(meta, dict) else {}), CONFIRM_META: True}
+
+
+def _confirm_required(server: ToolServer, method: str) -> bool:
+    declared = server.config.methods.get(method)
+    return declared is not None and declared.confirm
+
+
+def _arguments(params: Any) -> Any:
+    """The arguments of a direct call as rules see them: named params without the protocol's `_meta`."""
+    if isinstance(params, dict) and "_meta" in params:
+        return {key: value for key, value in params.items() if key != "_meta"}
+    return params
+
+
 def _may_see_server(principal: Principal, server: str) -> bool:
     """Cheap pre-check so tools/list does not start servers the principal can call nothing on."""
     prefix = f"{server}."
     # A name can match a pattern only if it starts with the pattern's text before its first `*`.
-    literals = (pattern.split("*", 1)[0] for pattern in principal.allow + principal.confirm)
+    literals = (pattern.split("*", 1)[0] for pattern in principal.patterns)
     return any(prefix.startswith(lit) or lit.startswith(prefix) for lit in literals)
 
 

@@ -1,25 +1,35 @@
-"""Who may call what: the one pure decision over (principal, canonical target).
+"""Who may call what, with which arguments: the one pure decision over (principal, target, params).
 
-Owns pattern syntax and matching, Principal, and `decide`. Pure: no I/O, no state. Every
-route to a tool server (direct call, `tools/call`, each batch element) reaches `decide`
-with the canonical `server.method` name after routing and before anything is sent.
+Owns pattern syntax and matching, Principal and its grants, argument rules, and `decide`.
+Pure: no I/O except resolving paths for `path_under`, no state. Every route to a tool server
+(direct call, `tools/call`, each batch element) reaches `decide` with the canonical
+`server.method` name after routing and before anything is sent.
 
-Pattern syntax (documented in the README): a pattern is a canonical name in which `*`
-matches any run of name characters (possibly empty). Nothing else is special. Names are
-compared byte for byte: no case folding, no Unicode normalisation, no trimming.
+Pattern syntax: a pattern is a canonical name in which `*` matches any run of name characters
+(possibly empty). Nothing else is special. Names are compared byte for byte: no case folding,
+no Unicode normalisation, no trimming.
+
+Roles only grant. A call is allowed if some role of the client grants it (an `allow` or
+`confirm` pattern matches) and that role's argument rules for the method pass; it needs a
+person's confirmation if the granting roles say `confirm`, or if its tools.d definition does,
+which no policy can waive. Anything else is denied.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from gatewayd.config.loader import Snapshot
-from gatewayd.config.models import METHOD_NAME, ClientLimits
+from gatewayd.config.models import METHOD_NAME, ArgRule, ClientLimits, Role
 
-CANONICAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_./-]+$")
+CANONICAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_./-]+")
+# A policy file's place in a decision when no file is known (tests, built-in principals).
+UNKNOWN_FILE = "<policy>"
 
 
 class Decision(enum.Enum):
@@ -31,13 +41,66 @@ class Decision(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Grant:
+    """One role of a client, with where it was defined."""
+
+    role: str
+    file: str
+    allow: tuple[str, ...] = ()
+    confirm: tuple[str, ...] = ()
+    args: tuple[tuple[str, tuple[tuple[str, ArgRule], ...]], ...] = ()
+
+    @classmethod
+    def from_role(cls, name: str, file: str, role: Role) -> Grant:
+        """A grant from a configured role."""
+        args = tuple((pattern, tuple(rules.items())) for pattern, rules in role.args.items())
+        return cls(name, file, tuple(role.allow), tuple(role.confirm), args)
+
+
+@dataclass(frozen=True)
 class Principal:
-    """An authenticated client, the patterns its roles grant, and its limits (None: the daemon's default)."""
+    """An authenticated client, the grants of its roles, and its limits (None: the daemon's default)."""
 
     name: str
-    allow: tuple[str, ...]
-    confirm: tuple[str, ...]
+    grants: tuple[Grant, ...] = ()
     limits: ClientLimits = field(default_factory=ClientLimits)
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """Every allow and confirm pattern of every role."""
+        return tuple(p for grant in self.grants for p in (*grant.allow, *grant.confirm))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What made a decision: the role, its file, the pattern, and for arguments the argument and rule."""
+
+    role: str
+    file: str
+    pattern: str
+    argument: str | None = None
+    check: str | None = None
+
+    def describe(self) -> str:
+        """One line for logs, errors and `gatewayctl explain`."""
+        where = f"role {self.role!r} ({self.file}) pattern {self.pattern!r}"
+        if self.argument is not None:
+            where += f", argument {self.argument!r}: {self.check}"
+        return where
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A decision and why: the rule that granted it, or for an argument refusal the rule that failed."""
+
+    decision: Decision
+    rule: Rule | None = None
+    reason: str = ""
+
+    @property
+    def refused_arguments(self) -> bool:
+        """Denied although a role grants the method: its arguments broke a rule."""
+        return self.decision is Decision.DENY and self.rule is not None
 
 
 @lru_cache(maxsize=4096)
@@ -62,24 +125,146 @@ def is_canonical(name: str) -> bool:
     return name.isascii() and CANONICAL.fullmatch(name) is not None and ".." not in name
 
 
-def decide(principal: Principal, target: str) -> Decision:
-    """The decision for `principal` calling canonical `target`. Deny unless a pattern grants it."""
+def _first_match(patterns: tuple[str, ...], target: str) -> str | None:
+    return next((pattern for pattern in patterns if matches(pattern, target)), None)
+
+
+def may_call(principal: Principal, target: str, *, confirm_required: bool = False) -> Decision:
+    """The decision by name alone (arguments not yet known): for listing tools. DENY, ALLOW or CONFIRM."""
     if not is_canonical(target):
         return Decision.DENY
-    if any(matches(pattern, target) for pattern in principal.confirm):
+    granted = [g for g in principal.grants if _first_match(g.allow + g.confirm, target)]
+    if not granted:
+        return Decision.DENY
+    if confirm_required or any(_first_match(g.confirm, target) for g in granted):
         return Decision.CONFIRM
-    if any(matches(pattern, target) for pattern in principal.allow):
-        return Decision.ALLOW
-    return Decision.DENY
+    return Decision.ALLOW
+
+
+def decide(principal: Principal, target: str, params: Any = None, *, confirm_required: bool = False) -> Verdict:
+    """The decision for `principal` calling canonical `target` with `params`. Deny unless a role grants it."""
+    if not is_canonical(target):
+        return Verdict(Decision.DENY, reason="not a canonical method name")
+    allowed: Rule | None = None
+    confirmed: Rule | None = None
+    refusal: Verdict | None = None
+    for grant in principal.grants:
+        confirm_pattern = _first_match(grant.confirm, target)
+        pattern = confirm_pattern or _first_match(grant.allow, target)
+        if pattern is None:
+            continue
+        broken = _broken_rule(grant, target, params)
+        if broken is not None:
+            refusal = refusal or Verdict(Decision.DENY, Rule(grant.role, grant.file, *broken), "arguments")
+            continue
+        rule = Rule(grant.role, grant.file, pattern)
+        if confirm_pattern is not None:
+            confirmed = confirmed or rule
+        else:
+            allowed = allowed or rule
+    return _verdict(allowed, confirmed, refusal, confirm_required)
+
+
+def _verdict(allowed: Rule | None, confirmed: Rule | None, refusal: Verdict | None, confirm_required: bool) -> Verdict:
+    granted = confirmed or allowed
+    if granted is None:
+        return refusal or Verdict(Decision.DENY, reason="no role grants it")
+    if confirmed is not None:
+        return Verdict(Decision.CONFIRM, confirmed, "a role requires confirmation")
+    if confirm_required:
+        return Verdict(Decision.CONFIRM, granted, "its tools.d definition requires confirmation")
+    return Verdict(Decision.ALLOW, granted)
+
+
+def _broken_rule(grant: Grant, target: str, params: Any) -> tuple[str, str, str] | None:
+    """(pattern, argument, what failed) for the first argument rule of `grant` the params break."""
+    for pattern, rules in grant.args:
+        if not matches(pattern, target):
+            continue
+        for argument, rule in rules:
+            failure = check_argument(rule, params, argument)
+            if failure is not None:
+                return pattern, argument, failure
+    return None
+
+
+def check_argument(rule: ArgRule, params: Any, argument: str) -> str | None:
+    """Why `params[argument]` breaks `rule`, or None when it passes."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return "needs named arguments"
+    if argument not in params:
+        return None if rule.optional else "is required"
+    value = params[argument]
+    for check in (_check_equals, _check_one_of, _check_string_rules, _check_path):
+        failure = check(rule, value)
+        if failure is not None:
+            return failure
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    # `True == 1` in Python; a policy that says 1 must not accept true.
+    return type(a) is type(b) and bool(a == b)
+
+
+def _check_equals(rule: ArgRule, value: Any) -> str | None:
+    if rule.equals is not None and not _same(value, rule.equals):
+        return f"equals {rule.equals!r}"
+    return None
+
+
+def _check_one_of(rule: ArgRule, value: Any) -> str | None:
+    if rule.one_of is not None and not any(_same(value, option) for option in rule.one_of):
+        return f"one_of {rule.one_of!r}"
+    return None
+
+
+def _check_string_rules(rule: ArgRule, value: Any) -> str | None:
+    if rule.prefix is None and rule.regex is None and rule.max_length is None:
+        return None
+    if not isinstance(value, str):
+        return "must be a string"
+    if rule.max_length is not None and len(value) > rule.max_length:
+        return f"max_length {rule.max_length}"
+    if rule.prefix is not None and not value.startswith(rule.prefix):
+        return f"prefix {rule.prefix!r}"
+    if rule.regex is not None and re.fullmatch(rule.regex, value) is None:
+        return f"regex {rule.regex!r}"
+    return None
+
+
+def _check_path(rule: ArgRule, value: Any) -> str | None:
+    if rule.path_under is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        return f"path_under {rule.path_under!r}: needs an absolute path"
+    return None if path_is_under(value, rule.path_under) else f"path_under {rule.path_under!r}"
+
+
+def path_is_under(path: str, root: str) -> bool:
+    """Whether `path`, with `..`, doubled slashes and symlinks resolved, lies in or under `root` (also resolved).
+
+    The check is as good as the file system at this moment: a symlink created after it is the tool's to refuse.
+    """
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    return real == real_root or real.startswith(real_root.rstrip("/") + "/")
 
 
 def principal_for(snapshot: Snapshot, client_name: str) -> Principal:
-    """The Principal of a configured client, its roles' patterns merged."""
+    """The Principal of a configured client: one grant per role, in the client's order."""
     client = snapshot.clients[client_name]
-    allow: list[str] = []
-    confirm: list[str] = []
-    for role_name in client.roles:
-        role = snapshot.roles[role_name]
-        allow.extend(role.allow)
-        confirm.extend(role.confirm)
-    return Principal(client_name, tuple(allow), tuple(confirm), client.limits)
+    grants = tuple(
+        Grant.from_role(role, snapshot.sources.get(f"roles.{role}", UNKNOWN_FILE), snapshot.roles[role])
+        for role in client.roles
+    )
+    return Principal(client_name, grants, client.limits)
+
+
+def confirm_required(snapshot: Snapshot, server: str, method: str) -> bool:
+    """Whether the tools.d definition of `server.method` demands a person's confirmation."""
+    config = snapshot.servers.get(server)
+    declared = config.methods.get(method) if config is not None else None
+    return declared is not None and declared.confirm

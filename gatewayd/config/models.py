@@ -51,6 +51,8 @@ class MethodConfig(_Strict):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     timeout: Duration | None = None
     notification: bool = False
+    # Needs a person's confirmation whatever the policies say; no policy can waive it.
+    confirm: bool = False
 
 
 class ServerConfig(_Strict):
@@ -103,11 +105,69 @@ class ServerConfig(_Strict):
         return self.call_timeout
 
 
+Scalar = str | int | float | bool
+
+
+class ArgRule(_Strict):
+    """Rules one argument must satisfy for a role's grant to apply. Every rule given must hold."""
+
+    equals: Scalar | None = None
+    one_of: list[Scalar] | None = None
+    prefix: str | None = None
+    regex: str | None = None
+    max_length: int | None = Field(None, ge=0)
+    path_under: str | None = None
+    # An argument with rules must be present, unless it may be left out.
+    optional: bool = False
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+    @field_validator("path_under")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("path_under must be an absolute directory")
+        return value
+
+
 class Role(_Strict):
-    """A named set of grants on canonical `server.method` names."""
+    """A named set of grants on canonical `server.method` names, and the argument rules that bound them.
+
+    `args` maps a method pattern to {argument name: rules}: a call matched by the pattern is granted by
+    this role only if its arguments pass.
+    """
 
     allow: list[str] = Field(default_factory=list)
     confirm: list[str] = Field(default_factory=list)
+    args: dict[str, dict[str, ArgRule]] = Field(default_factory=dict)
+
+    @field_validator("allow", "confirm")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            _check_pattern(pattern)
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _arg_patterns(cls, value: dict[str, dict[str, ArgRule]]) -> dict[str, dict[str, ArgRule]]:
+        for pattern in value:
+            _check_pattern(pattern)
+        return value
+
+
+def _check_pattern(pattern: str) -> None:
+    # A pattern that can never match is a typo the operator wants to hear about, not a silent no-op.
+    if not METHOD_NAME.fullmatch(pattern.replace("*", "x")) or "." not in pattern:
+        raise ValueError(f"pattern {pattern!r} can never match: use server.method with A-Z a-z 0-9 _ . / - and *")
 
 
 class ClientLimits(_Strict):

@@ -127,3 +127,17 @@ def test_token_hash_must_be_sha256_hex(tmp_path: Path) -> None:
     write_config(tmp_path, {"calc": CALC}, '[clients.x]\ntoken_sha256 = "secret-in-plain-text"\n')
     (message,) = errors_of(tmp_path)
     assert "[clients.x.token_sha256]" in message and "64 lowercase hex" in message
+
+
+def test_a_pattern_that_can_never_match_is_an_error(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC}, '[roles.r]\nallow = ["calc.*", "Calc add"]\n')
+    (message,) = errors_of(tmp_path)
+    assert "[roles.r.allow]" in message and "'Calc add' can never match" in message
+
+
+def test_argument_rules_are_validated(tmp_path: Path) -> None:
+    roles = '[roles.r]\nallow = ["fs.*"]\n[roles.r.args."fs.*".path]\npath_under = "srv"\nregex = "("\n'
+    write_config(tmp_path, {"calc": CALC}, roles)
+    messages = errors_of(tmp_path)
+    assert any("path_under must be an absolute directory" in m for m in messages)
+    assert any("not a valid regular expression" in m for m in messages)
