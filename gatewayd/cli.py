@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from gatewayd import __version__
 from gatewayd.config.edit import set_client_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
 from gatewayd.errors import ConfigError
+from gatewayd.explain import explain
 from gatewayd.settings import Settings, describe
 from gatewayd.web.auth import hash_token, new_token
 
@@ -118,6 +120,10 @@ def _ctl_parser() -> argparse.ArgumentParser:
     dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
     dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
     verbs.add_parser("check", help="validate the config directory")
+    explain = verbs.add_parser("explain", help="show the decision for CLIENT calling METHOD, and the rule behind it")
+    explain.add_argument("client")
+    explain.add_argument("method", help="canonical name, e.g. calc.add")
+    explain.add_argument("arguments", nargs="?", default=None, help="the call's arguments as a JSON object")
     return parser
 
 
@@ -153,10 +159,22 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    snapshot = load_snapshot(args.config_dir)
+    try:
+        arguments = json.loads(args.arguments) if args.arguments is not None else None
+    except ValueError as exc:
+        print(f"gatewayctl: arguments are not JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in explain(snapshot, args.client, args.method, arguments):
+        print(line)
+    return 0
+
+
 def gatewayctl_main(argv: list[str] | None = None) -> int:
     """Entry point of `gatewayctl`."""
     args = _ctl_parser().parse_args(argv)
-    verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check}
+    verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain}
     try:
         return verbs[args.verb](args)
     except ConfigInvalid as exc:

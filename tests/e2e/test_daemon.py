@@ -107,3 +107,26 @@ def test_dev_client_is_stable_across_runs(tmp_path: Path) -> None:
     assert first.returncode == 0 and first.stdout == second.stdout
     assert "Bearer gwd_" in first.stdout
     assert run_cli("--config-dir", str(tmp_path), "--check", cwd=tmp_path).returncode == 0
+
+
+def test_explain_names_the_rule(tmp_path: Path) -> None:
+    roles = ('[roles.r]\nallow = ["fault.*"]\n[roles.r.args."fault.echo".text]\nmax_length = 5\n'
+             '[roles.ops]\nconfirm = ["fault.crash"]\n')
+    write_config(tmp_path, {"fault": FAULT + "[methods.echo]\n[methods.crash]\n"}, roles, {"c": ["r", "ops"]})
+    policy_file = str(tmp_path / "policies" / "roles.toml")
+
+    def explain(*args: str) -> list[str]:
+        result = gatewayctl("--config-dir", str(tmp_path), "explain", *args, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    assert explain("c", "fault.pid") == [
+        "allow: c may call fault.pid", f"  granted by role 'r' ({policy_file}) pattern 'fault.*'"]
+    assert explain("c", "fault.crash")[0].startswith("confirm: c may call fault.crash after a person confirms")
+    refused = explain("c", "fault.echo", '{"text": "far too long"}')
+    assert refused[0] == "deny: c may call fault.echo, but not with these arguments"
+    assert refused[1] == f"  refused by role 'r' ({policy_file}) pattern 'fault.echo', argument 'text': max_length 5"
+    assert explain("c", "fault.echo", '{"text": "ok"}')[0] == "allow: c may call fault.echo"
+    assert explain("c", "other.thing")[0].startswith("deny: c may not call other.thing (no role grants it)")
+    assert "no tool server 'other'" in explain("c", "other.thing")[1]
+    assert explain("nobody", "fault.pid") == ["deny: there is no client 'nobody' (clients: c)"]

@@ -1,0 +1,49 @@
+"""`gatewayctl explain`: a policy decision in words, for an operator debugging a policy.
+
+Owns turning a static config (no running daemon) plus a client, a method and arguments into
+the lines that say what would happen and which rule (file, role, pattern) decides it. It asks
+`policy.decide` — the same function every call goes through — so what it says is what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from gatewayd.config.loader import Snapshot
+from gatewayd.policy import Decision, confirm_required, decide, principal_for
+
+
+def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Iterator[str]:
+    """Lines describing the decision for `client` calling canonical `method` with `arguments`."""
+    if client not in snapshot.clients:
+        yield f"deny: there is no client {client!r} (clients: {', '.join(sorted(snapshot.clients)) or 'none'})"
+        return
+    server, _, tool = method.partition(".")
+    verdict = decide(principal_for(snapshot, client), method, arguments,
+                     confirm_required=confirm_required(snapshot, server, tool))
+    yield f"{verdict.decision.value}: {_why(verdict.decision, verdict.reason, client, method)}"
+    if verdict.rule is not None:
+        label = "refused by" if verdict.refused_arguments else "granted by"
+        yield f"  {label} {verdict.rule.describe()}"
+    yield from _existence(snapshot, server, tool)
+
+
+def _why(decision: Decision, reason: str, client: str, method: str) -> str:
+    if decision is Decision.ALLOW:
+        return f"{client} may call {method}"
+    if decision is Decision.CONFIRM:
+        return f"{client} may call {method} after a person confirms ({reason})"
+    if reason == "arguments":
+        return f"{client} may call {method}, but not with these arguments"
+    return f"{client} may not call {method} ({reason}); it answers as an unknown method"
+
+
+def _existence(snapshot: Snapshot, server: str, tool: str) -> Iterator[str]:
+    config = snapshot.servers.get(server)
+    if config is None:
+        yield f"  note: no tool server {server!r} in tools.d, so the call would answer as an unknown method"
+    elif config.protocol == "jsonrpc" and tool not in config.methods:
+        yield f"  note: {server}.toml declares no method {tool!r}, so the call would answer as an unknown method"
+    elif config.protocol == "mcp":
+        yield f"  note: {server} is an MCP server; whether it has a tool {tool!r} is known only once it runs"
