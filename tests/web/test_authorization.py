@@ -1,0 +1,162 @@
+"""Authorization as the child sees it: every client × method × route, and a property over random requests.
+
+Ground truth is what the child received: the fault fixture records every line on its stdin.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.daemon import FAULTSRV, python_command, write_config
+from tests.stack import LocalClient, running_stack
+
+SPY = """
+protocol = "jsonrpc"
+[methods.echo]
+[methods.pid]
+[methods.sleep]
+[methods.crash]
+confirm = true
+"""
+ROLES = """
+[roles.all]
+allow = ["spy.*"]
+[roles.echo]
+allow = ["spy.echo"]
+confirm = ["spy.pid"]
+"""
+CLIENTS = {"all": ["all"], "echo": ["echo"], "none": []}
+METHODS = ["echo", "pid", "crash", "nosuch"]
+# What each client gets for each method: the method runs, answers unknown, or needs confirmation.
+EXPECTED = {
+    ("all", "echo"): "runs", ("all", "pid"): "runs", ("all", "crash"): "confirm", ("all", "nosuch"): "unknown",
+    ("echo", "echo"): "runs", ("echo", "pid"): "confirm", ("echo", "crash"): "unknown",
+    ("echo", "nosuch"): "unknown",
+    ("none", "echo"): "unknown", ("none", "pid"): "unknown", ("none", "crash"): "unknown",
+    ("none", "nosuch"): "unknown",
+}
+
+
+class Spy:
+    """The gateway in-process, a recording child, and a token per client."""
+
+    def __init__(self, client: LocalClient, tokens: dict[str, str], record: Path) -> None:
+        self.client = client
+        self.tokens = tokens
+        self.record = record
+        self.sessions: dict[str, str] = {}
+
+    def received(self) -> list[str]:
+        """Methods the child has received, in order."""
+        if not self.record.exists():
+            return []
+        return [json.loads(line).get("method", "") for line in self.record.read_text().splitlines() if line]
+
+    async def post(self, who: str, body: Any, **headers: str) -> tuple[int, Any]:
+        response = await self.client.post("/mcp", data=json.dumps(body), headers={
+            "Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json", **headers})
+        text = await response.text()
+        return response.status, (json.loads(text) if text else None)
+
+    async def session(self, who: str) -> dict[str, str]:
+        if who not in self.sessions:
+            response = await self.client.post("/mcp", data=json.dumps({
+                "jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": who}}}),
+                headers={"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json"})
+            self.sessions[who] = response.headers["Mcp-Session-Id"]
+        return {"Mcp-Session-Id": self.sessions[who]}
+
+
+@pytest.fixture
+async def spy(tmp_path: Path) -> AsyncIterator[Spy]:
+    record = tmp_path / "received.jsonl"
+    tools = {"spy": python_command(str(FAULTSRV), "--record", str(record)) + SPY}
+    tokens = write_config(tmp_path, tools, ROLES, CLIENTS)
+    async with running_stack(tmp_path) as (client, _):
+        yield Spy(client, tokens, record)
+
+
+def outcome(answer: dict[str, Any], unknown_code: int) -> str:
+    if "result" in answer:
+        return "runs"
+    code = answer["error"]["code"]
+    if code == -32010:
+        return "confirm"
+    assert code == unknown_code, answer
+    return "unknown"
+
+
+async def test_matrix_of_clients_methods_and_routes(spy: Spy) -> None:
+    unknown_answers: dict[str, set[str]] = {"direct": set(), "tools/call": set(), "batch": set()}
+    for (who, method), expected in EXPECTED.items():
+        before = spy.received().count(method)
+        params = {"seconds": 0} if method == "sleep" else {}
+        _, direct = await spy.post(who, {"jsonrpc": "2.0", "id": 1, "method": f"spy.{method}", "params": params})
+        _, batch = await spy.post(who, [{"jsonrpc": "2.0", "id": "b", "method": f"spy.{method}", "params": params},
+                                        {"jsonrpc": "2.0", "method": f"spy.{method}", "params": params}])
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": f"spy__{method}",
+                                                                               "arguments": params}}
+        _, tool = await spy.post(who, call, **await spy.session(who))
+        assert outcome(direct, -32601) == expected, (who, method, direct)
+        assert outcome(batch[0], -32601) == expected, (who, method, batch)
+        assert outcome(tool, -32602) == expected, (who, method, tool)
+        # Ground truth: a call that runs reaches the child once per route (the batch notification too).
+        runs = 4 if expected == "runs" else 0
+        assert spy.received().count(method) - before == runs, (who, method)
+        if expected == "unknown":
+            unknown_answers["direct"].add(json.dumps(direct))
+            unknown_answers["batch"].add(json.dumps(batch[0]))
+            # tools/call names the tool it did not find; everything else about the answer is the same.
+            unknown_answers["tools/call"].add(json.dumps(tool).replace(f"spy__{method}", "NAME"))
+    # Denied and unknown are indistinguishable on every route.
+    assert all(len(answers) == 1 for answers in unknown_answers.values()), unknown_answers
+
+
+async def test_tools_list_shows_exactly_what_may_be_called(spy: Spy) -> None:
+    listed = {}
+    for who in CLIENTS:
+        _, answer = await spy.post(who, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, **await spy.session(who))
+        listed[who] = {tool["name"]: tool for tool in answer["result"]["tools"]}
+    assert sorted(listed["all"]) == ["spy__crash", "spy__echo", "spy__pid", "spy__sleep"]
+    assert sorted(listed["echo"]) == ["spy__echo", "spy__pid"]
+    assert listed["none"] == {}
+    assert listed["echo"]["spy__pid"]["_meta"] == {"io.gatewayd/requiresConfirmation": True}
+    assert listed["all"]["spy__crash"]["description"].startswith("[Needs a person's confirmation")
+    assert "_meta" not in listed["all"]["spy__echo"]
+
+
+METHOD_NAMES = st.one_of(
+    st.sampled_from(["spy.echo", "spy.pid", "spy.crash", "spy.sleep", "Spy.echo", "spy.echo ", "spy..echo",
+                     "spy.ech", "spy.echo\n", "ѕpy.echo", "spy．echo", "spy__echo", "tools/call", "rpc.spy"]),
+    st.text(min_size=0, max_size=20),
+)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=8,
+)
+MESSAGES = st.fixed_dictionaries(
+    {"jsonrpc": st.just("2.0"), "method": METHOD_NAMES},
+    optional={"id": st.integers(0, 5) | st.text(max_size=3), "params": JSON_VALUES},
+)
+TOOL_CALLS = st.fixed_dictionaries({
+    "jsonrpc": st.just("2.0"), "id": st.integers(0, 5), "method": st.just("tools/call"),
+    "params": st.fixed_dictionaries({"name": METHOD_NAMES, "arguments": st.dictionaries(st.text(max_size=4),
+                                                                                         JSON_VALUES, max_size=2)}),
+})
+BODIES = st.one_of(MESSAGES, TOOL_CALLS, st.lists(st.one_of(MESSAGES, TOOL_CALLS), min_size=1, max_size=4))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=BODIES)
+async def test_no_request_makes_the_child_receive_a_method_outside_the_allowlist(spy: Spy, body: Any) -> None:
+    await spy.post("echo", body, **await spy.session("echo"))
+    assert set(spy.received()) <= {"echo"}
