@@ -73,7 +73,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-_decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+def _no_constants(name: str) -> Any:
+    # NaN and Infinity are not JSON; Python accepts them by default and they cannot be sent on faithfully.
+    raise ValueError(f"{name} is not JSON")
+
+
+_decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -112,6 +117,9 @@ def parse_body(data: bytes, *, max_depth: int, max_batch: int) -> Body:
     # Nesting needs an opening bracket per level: a body with few of them cannot be too deep.
     if data.count(b"[") + data.count(b"{") > max_depth and _depth_exceeds(value, max_depth):
         raise InvalidRequest(f"Invalid Request: JSON nested deeper than {max_depth}")
+    # A lone surrogate can only come from a `\uD8xx` escape; it has no UTF-8 form to send on.
+    if (b"\\ud" in data or b"\\uD" in data) and not _encodable(value):
+        raise ParseError("Parse error")
     if isinstance(value, list):
         if not value:
             raise InvalidRequest("Invalid Request: empty batch")
@@ -119,6 +127,14 @@ def parse_body(data: bytes, *, max_depth: int, max_batch: int) -> Body:
             raise InvalidRequest(f"Invalid Request: batch longer than {max_batch}")
         return Body([parse_message(item) for item in value], is_batch=True)
     return Body([parse_message(value)], is_batch=False)
+
+
+def _encodable(value: Any) -> bool:
+    try:
+        dumps(value)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _valid_id(value: Any) -> bool:

@@ -87,3 +87,25 @@ def test_dumps_is_one_line_even_for_multiline_strings() -> None:
     encoded = dumps({"text": "line1\nline2", "nested": {"a": [1, 2]}, "unicode": "é"})
     assert b"\n" not in encoded
     assert encoded == '{"text":"line1\\nline2","nested":{"a":[1,2]},"unicode":"é"}'.encode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[NaN]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[Infinity]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[-Infinity]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\ud800"]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"\\uDFFF":1}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[' + b"9" * 100_000 + b"]}",
+        b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"a.b"}',
+    ],
+)
+def test_values_that_cannot_be_sent_on_are_parse_errors(body: bytes) -> None:
+    with pytest.raises(ParseError):
+        parse_body(body, **LIMITS)
+
+
+def test_a_surrogate_pair_is_a_character_not_an_error() -> None:
+    message = one(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\ud83d\\ude00"]}')
+    assert message == Request(1, "a.b", ["\U0001f600"])

@@ -374,3 +374,24 @@ async def test_a_dropped_sse_stream_does_not_stop_the_call_or_the_daemon(stack: 
     await eventually(lambda: "SSE stream closed before the answer" in caplog.text, what="the gateway noticed")
     answer = await stack.post(call("calc.add", {"a": 1, "b": 1}))
     assert (await answer.json())["result"] == 2
+
+
+async def test_hostile_bodies_get_clear_errors_and_the_daemon_keeps_serving(stack: Stack) -> None:
+    headers = stack.headers()
+    deep = b'{"jsonrpc":"2.0","id":1,"method":"calc.add","params":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for body, code in [(deep, -32600), (b'{"jsonrpc":"2.0","id":1,"method":"calc.add","params":[NaN]}', -32700),
+                       (b"9" * 100_000, -32700), (b"\xff\xfe{}", -32700)]:
+        response = await stack.client.post("/mcp", data=body, headers=headers)
+        assert response.status == 400
+        answer = await response.json()
+        assert answer["error"]["code"] == code and answer["id"] is None
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}))
+    assert (await response.json())["result"] == 3
+
+
+@pytest.mark.parametrize("params", [["calc__add", {}], {"name": "calc__add", "arguments": "a=1"},
+                                    {"name": 7, "arguments": {}}, {"arguments": {}}])
+async def test_tools_call_with_params_of_the_wrong_type(stack: Stack, params: Any) -> None:
+    session = await stack.initialize()
+    response = await stack.post(call("tools/call", params), **{"Mcp-Session-Id": session})
+    assert (await response.json())["error"]["code"] == -32602
