@@ -143,6 +143,14 @@ class CallTimedOut(GatewayError):
     retryable = True
 
 
+class AuditUnavailable(GatewayError):
+    """Raised when a call needs a durable audit record that could not be written; the call does not run."""
+
+    code = AUDIT_UNAVAILABLE
+    error_type = "audit_unavailable"
+    retryable = True
+
+
 class ShuttingDown(ToolServerUnavailable):
     """Raised for calls that arrive, or are still running, while the daemon stops."""
 

@@ -1,0 +1,559 @@
+"""The audit log: an append-only JSON Lines file, one record per decision and one per outcome.
+
+Owns the file (open, append, fsync, reopen for rotation), how a record is framed (`seq`, `time`,
+exactly one line whatever its content), the log's health, and the helpers that make a call's
+arguments fit to record: `params_hash`, `summarize`, `trace_id`. Does not own which events are
+recorded or when (gateway.py), nor the SIGUSR1 wiring (app.py).
+
+Durable and ordinary records. `record(event, durable=True)` (a call that needs confirmation or is
+marked dangerous, before it runs) returns only once the line is written and fsync'd; when that is
+impossible it raises `AuditUnavailable` and the call must not run. Any other record never raises
+and never waits for the disk: it is queued, and if it cannot be written it is counted and logged.
+So a broken audit disk stops dangerous calls and nothing else.
+
+Health. The log is unhealthy while its file is not open (it could not be opened, or a write or an
+fsync failed and it was closed) or while a write has been stuck for longer than the write timeout.
+Becoming unhealthy is logged at ERROR at once, lost records at most every FAILURE_LOG_INTERVAL,
+and `status()` says so. The writer tries the file again at most every REOPEN_RETRY_INTERVAL when
+records arrive; `reopen()` tries at once.
+
+Rotation is by signal, not by size: rename the file, then `kill -USR1 <daemon pid>` (logrotate:
+rename, never `copytruncate`; `postrotate` sends the signal). The daemon calls `reopen()`; records
+queued before it land in the renamed file, later ones in a new file at the configured path, each
+whole and in order. The daemon itself never deletes or truncates audit data.
+
+Format: one compact JSON object per line, `seq` (1, 2, … per daemon run, no gaps among written
+records) and `time` (RFC 3339 UTC with milliseconds, taken when the event was recorded) first,
+then the event's own fields. JSON escapes C0 controls; DEL, C1 controls (8-bit CSI among them),
+U+2028/U+2029 and the bidi controls are escaped too, so no string can end a line or disguise one. After
+a crash the last line may be torn; the next start begins on a fresh line.
+
+`AuditLog(None)` disables auditing: every record is dropped and succeeds. The daemon's default
+is a real path, so dangerous calls are audited unless an operator turns auditing off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import math
+import os
+import queue
+import re
+import secrets
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gatewayd.errors import AuditUnavailable
+
+logger = logging.getLogger(__name__)
+
+# The file holds client names and argument summaries: only the daemon's user may read it.
+FILE_MODE = 0o600
+# A durable record not on disk within this time counts as failed: refuse the call rather than hang on a sick disk.
+WRITE_TIMEOUT = 10.0
+# How long close() waits for queued records before giving up on a stuck disk.
+CLOSE_TIMEOUT = 10.0
+# Ordinary records waiting beyond this are dropped and counted, so a slow disk cannot grow memory without bound.
+MAX_QUEUED = 10_000
+# Most items handled before one fsync covers them; bounds how long the first durable record of a burst waits.
+MAX_BATCH = 256
+# While the file is unusable, the writer tries it again at most this often (reopen() tries at once).
+REOPEN_RETRY_INTERVAL = 5.0
+# Lost records are reported at most this often, with a count, so a dead disk cannot flood the daemon's log.
+FAILURE_LOG_INTERVAL = 10.0
+
+# summarize() bounds, so a summary stays under ~16 KiB whatever the arguments.
+SUMMARY_MAX_STRING = 200
+SUMMARY_MAX_KEY = 64
+SUMMARY_MAX_ITEMS = 20
+SUMMARY_MAX_DEPTH = 4
+SUMMARY_MAX_NODES = 50
+REDACTED = "[redacted]"
+TOO_DEEP = "[…]"
+# Key names holding any of these (case-insensitive, `_` and `-` ignored) have their values redacted.
+# Deliberately broad: `max_tokens` is redacted too, and hiding a number costs less than leaking a key.
+SECRET_KEY_PARTS = (
+    "token", "secret", "password", "passwd", "apikey", "authorization", "cookie", "credential", "privatekey",
+)
+
+# W3C Trace Context, version 00: lowercase hex only; all-zero trace or parent ids are invalid.
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+# Characters JSON leaves raw that some reader would take as a line break, a terminal control or a reordering.
+_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# The writer puts these first itself; an event cannot set them.
+_FRAMED = ("seq", "time")
+
+
+# -- helpers for the integrator ------------------------------------------------------------
+
+
+def params_hash(params: Any) -> str:
+    """SHA-256 hex of the canonical JSON of `params`: equal for equal values whatever their key order.
+
+    Not a secret: a low-entropy argument can be guessed from it, one reason the file is 0600.
+    """
+    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    # A lone surrogate (legal in a JSON string escape) must hash, not raise.
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def summarize(params: Any) -> Any:
+    """A redacted, bounded copy of `params` for the record; the input is not changed.
+
+    Values under secret-looking keys become REDACTED; long strings and keys are cut with a marker
+    saying how much was dropped; containers keep SUMMARY_MAX_ITEMS items and, past
+    SUMMARY_MAX_DEPTH, become TOO_DEEP; at most SUMMARY_MAX_NODES values are kept in all.
+    Redaction is by key name only, which is why records carry the hash, never the raw arguments.
+    """
+    return _Summary().value(params, 0)
+
+
+def trace_id(meta: Any) -> str:
+    """The trace id of a well-formed `_meta.traceparent`, else a fresh random 32-hex id."""
+    header = meta.get("traceparent") if isinstance(meta, dict) else None
+    if isinstance(header, str):
+        match = _TRACEPARENT.fullmatch(header)
+        if match and match[1] != "0" * 32 and match[2] != "0" * 16:
+            return match[1]
+    return secrets.token_hex(16)
+
+
+class _Summary:
+    """One summarize() walk and the node budget it spends."""
+
+    def __init__(self) -> None:
+        self.left = SUMMARY_MAX_NODES
+
+    def value(self, value: Any, depth: int) -> Any:
+        self.left -= 1
+        if isinstance(value, str):
+            return _cut(value, SUMMARY_MAX_STRING)
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)  # NaN and Infinity are not JSON; a strict reader must still parse the record
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if not isinstance(value, dict | list | tuple):
+            return f"<{type(value).__name__}>"
+        if depth >= SUMMARY_MAX_DEPTH:
+            return TOO_DEEP
+        return self._object(value, depth) if isinstance(value, dict) else self._array(value, depth)
+
+    def _object(self, value: dict[Any, Any], depth: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for count, (key, item) in enumerate(value.items()):
+            if count >= SUMMARY_MAX_ITEMS or self.left <= 0:
+                out["…"] = f"[{len(value) - count} more keys]"
+                break
+            name = _cut(str(key), SUMMARY_MAX_KEY)
+            if name in out:  # two long keys cut to the same text must not overwrite each other
+                name = f"{name}#{count}"
+            if _looks_secret(str(key)):
+                self.left -= 1
+                out[name] = REDACTED
+            else:
+                out[name] = self.value(item, depth + 1)
+        return out
+
+    def _array(self, value: list[Any] | tuple[Any, ...], depth: int) -> list[Any]:
+        out: list[Any] = []
+        for count, item in enumerate(value):
+            if count >= SUMMARY_MAX_ITEMS or self.left <= 0:
+                out.append(f"…[{len(value) - count} more items]")
+                break
+            out.append(self.value(item, depth + 1))
+        return out
+
+
+def _looks_secret(key: str) -> bool:
+    folded = key.lower().replace("_", "").replace("-", "")
+    return any(part in folded for part in SECRET_KEY_PARTS)
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[{len(text) - limit} more chars]"
+
+
+# -- record framing ------------------------------------------------------------------------
+
+
+def _now() -> str:
+    """RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _encode_body(event: dict[str, Any]) -> bytes:
+    """The event as the tail of a record line (everything after `"time":"…"`), newline included."""
+    fields = {key: value for key, value in event.items() if key not in _FRAMED}
+    try:
+        text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+    except (TypeError, ValueError) as exc:
+        # A NaN or a cycle is a bug in the caller, but the call must still leave a record.
+        text = json.dumps({"unencodable_event": _cut(repr(event), SUMMARY_MAX_STRING * 10), "error": str(exc)},
+                          ensure_ascii=False)
+    text = _UNSAFE.sub(lambda match: f"\\u{ord(match[0]):04x}", text)
+    tail = "}" if text == "{}" else "," + text[1:]
+    # A lone surrogate becomes its own \udXXX escape, which is what JSON calls it anyway.
+    return (tail + "\n").encode("utf-8", "backslashreplace")
+
+
+def _describe(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _start_on_fresh_line(fd: int) -> None:
+    """If the file ends in a torn line (a crash mid-write), end it so the next record stands alone."""
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_size > 0 and os.pread(fd, 1, info.st_size - 1) != b"\n":
+        _write_all(fd, b"\n")
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a newly created file's name durable too; best effort (some filesystems refuse)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# -- the log -------------------------------------------------------------------------------
+
+# Resolved with None when done (durable: on disk), else the reason it is not.
+Done = asyncio.Future[str | None]
+
+
+@dataclass
+class _Record:
+    stamp: str
+    body: bytes
+    done: Done | None  # None: an ordinary record nobody waits for
+
+
+@dataclass
+class _Flush:
+    done: Done
+
+
+@dataclass
+class _Reopen:
+    done: Done | None
+
+
+@dataclass
+class _Stop:
+    done: Done
+
+
+_Item = _Record | _Flush | _Reopen | _Stop
+
+
+class AuditLog:
+    """The audit file and its one writer thread.
+
+    One dedicated thread, fed by a FIFO queue, owns the file descriptor, rather than
+    `asyncio.to_thread` per write:
+    - fsync takes milliseconds, or forever on a sick disk; it never runs on the event loop, and a
+      stuck one holds this thread only, not the default executor the rest of the daemon shares;
+    - records reach the file in the order `record()` was called, and `seq` is assigned by the only
+      thread that writes, so seq order is file order without a lock around I/O;
+    - a caller cancelled while it waits cannot tear or reorder the file: its record is already queued
+      and is written whole (with to_thread, a cancellation releases the lock while a write still runs);
+    - durable records that wait together share one fsync.
+    """
+
+    def __init__(self, path: Path | None, *, write_timeout: float = WRITE_TIMEOUT) -> None:
+        self.path = path
+        self._timeout = write_timeout
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        # Writer thread only.
+        self._fd: int | None = None
+        self._unsynced: list[_Record | _Flush] = []
+        self._last_open = -math.inf
+        self._broken = False
+        # Shared with the event loop's thread (status(), dropped records): guarded by _lock.
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._written = 0
+        self._failed = 0
+        self._last_error: str | None = None
+        self._busy_since: float | None = None
+        self._unreported = 0
+        self._last_report = -math.inf
+
+    # -- event loop side -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the writer and open the file. Never raises: a file that cannot be opened leaves the log unhealthy."""
+        if self.path is None:
+            logger.warning("audit log disabled: no path configured")
+            return
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="gatewayd-audit", daemon=True)
+        self._thread.start()
+        opened: Done = self._loop.create_future()
+        self._queue.put(_Reopen(opened))
+        await self._wait(opened)
+
+    async def record(self, event: dict[str, Any], *, durable: bool) -> None:
+        """Append one record. Durable: returns once it is on disk, else raises AuditUnavailable.
+        Ordinary: queued; never raises, never waits; a record that cannot be written is counted and logged."""
+        if self.path is None:
+            return
+        item = _Record(_now(), _encode_body(event), None)
+        running = self._loop is not None and not self._closing
+        if not durable:
+            if not running:
+                self._lose(1, "audit log is not running")
+            elif self._queue.qsize() >= MAX_QUEUED:
+                self._lose(1, f"more than {MAX_QUEUED} records waiting for the disk")
+            else:
+                self._queue.put(item)
+            return
+        if self._loop is None or self._closing:
+            raise self._unavailable("audit log is not running")
+        item.done = self._loop.create_future()
+        self._queue.put(item)
+        reason = await self._wait(item.done)
+        if reason is not None:
+            raise self._unavailable(reason)
+
+    async def flush(self) -> None:
+        """Return once every record queued before this call is on disk or counted as failed (bounded by the
+        write timeout)."""
+        if self._loop is None or self._closing:
+            return
+        done: Done = self._loop.create_future()
+        self._queue.put(_Flush(done))
+        await self._wait(done)
+
+    def reopen(self) -> None:
+        """Close the file and open `path` again (after rotation, or to retry after a failure). Returns at once:
+        records queued before it go to the old file, later ones to the new one. Safe in a signal handler."""
+        if self._loop is None or self._closing:
+            return
+        logger.info("audit log %s: reopening", self.path)
+        self._queue.put(_Reopen(None))
+
+    async def close(self) -> None:
+        """Write what is queued, then close the file and end the writer."""
+        if self._loop is None or self._closing:
+            return
+        self._closing = True
+        done: Done = self._loop.create_future()
+        self._queue.put(_Stop(done))
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await done
+        except TimeoutError:
+            logger.error("audit log %s: writer stuck for %gs at close; queued records may be lost",
+                         self.path, CLOSE_TIMEOUT)
+        with self._lock:
+            unreported, self._unreported = self._unreported, 0
+        if unreported:
+            logger.error("audit log %s: %d more records were not written", self.path, unreported)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether a durable record can be written now (always true when auditing is disabled)."""
+        return bool(self.status()["healthy"])
+
+    def status(self) -> dict[str, Any]:
+        """Path, health, last error, the last sequence number, records written, and records failed: not
+        written, or durable ones whose fsync failed (those may also be in the file, with their seq)."""
+        with self._lock:
+            stuck = self._busy_since is not None and time.monotonic() - self._busy_since > self._timeout
+            return {
+                "path": str(self.path) if self.path is not None else None,
+                "enabled": self.path is not None,
+                "healthy": self.path is None or (self._fd is not None and not stuck and not self._closing),
+                "last_error": self._last_error,
+                "records_written": self._written,
+                "records_failed": self._failed,
+                "seq": self._seq,
+            }
+
+    async def _wait(self, done: Done) -> str | None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await done
+        except TimeoutError:
+            reason = f"the audit disk did not answer within {self._timeout:g}s"
+            self._lose(0, reason)
+            return reason
+
+    def _unavailable(self, reason: str) -> AuditUnavailable:
+        # The reason reaches the caller; the server's file path stays in the daemon's log.
+        return AuditUnavailable("the audit log cannot record this call, so it was not run", {"reason": reason})
+
+    def _lose(self, count: int, reason: str) -> None:
+        """Count records that did not reach the file and say so at ERROR, at most every FAILURE_LOG_INTERVAL."""
+        now = time.monotonic()
+        with self._lock:
+            self._failed += count
+            self._unreported += count
+            self._last_error = reason
+            if now - self._last_report < FAILURE_LOG_INTERVAL:
+                return
+            unreported, self._unreported, self._last_report = self._unreported, 0, now
+        logger.error("audit log %s failing: %s (%d records not written since the last report)",
+                     self.path, reason, unreported)
+
+    # -- writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            with self._lock:
+                self._busy_since = time.monotonic()
+            try:
+                stop = self._handle(batch)
+            except Exception:  # a bug here must not leave durable callers without an answer forever
+                logger.exception("audit log %s: writer failed", self.path)
+                self._fail("internal error in the audit writer")
+                stop = False
+            with self._lock:
+                self._busy_since = None
+            if stop:
+                return
+
+    def _handle(self, batch: list[_Item]) -> bool:
+        """Write a batch in order, one fsync per run of records; True once told to stop."""
+        for item in batch:
+            if isinstance(item, _Record):
+                self._write(item)
+            elif isinstance(item, _Flush):
+                self._unsynced.append(item)
+            else:
+                self._sync()
+                if isinstance(item, _Stop):
+                    self._close_fd()
+                    self._settle(item.done, None)
+                    return True
+                self._open()
+                self._settle(item.done, None if self._fd is not None else self._last_error)
+        self._sync()
+        return False
+
+    def _write(self, item: _Record) -> None:
+        if self._fd is None and time.monotonic() - self._last_open >= REOPEN_RETRY_INTERVAL:
+            self._open()
+        if self._fd is None:
+            reason = self._last_error or "audit file is not open"
+            self._lose(1, reason)
+            self._settle(item.done, reason)
+            return
+        seq = self._seq + 1
+        try:
+            _write_all(self._fd, b'{"seq":%d,"time":"%s"' % (seq, item.stamp.encode()) + item.body)
+        except OSError as exc:
+            self._unsynced.append(item)  # counted and answered with the others that now cannot be synced
+            self._fail(f"write failed: {_describe(exc)}")
+            return
+        with self._lock:
+            self._seq = seq
+            self._written += 1
+        if self._broken:
+            self._broken = False
+            logger.warning("audit log %s is writable again", self.path)
+        if item.done is not None:
+            self._unsynced.append(item)
+
+    def _sync(self) -> None:
+        if not self._unsynced:
+            return
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                self._fail(f"fsync failed: {_describe(exc)}")
+                return
+        reason = None if self._fd is not None else self._last_error
+        for item in self._unsynced:
+            self._settle(item.done, reason)
+        self._unsynced.clear()
+
+    def _open(self) -> None:
+        assert self.path is not None
+        self._close_fd()
+        self._last_open = time.monotonic()
+        try:
+            # Read access only to look at the last byte (_start_on_fresh_line); O_APPEND keeps every write at the end.
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        except OSError as exc:
+            self._fail(f"cannot open: {_describe(exc)}")
+            return
+        try:
+            _start_on_fresh_line(fd)
+        except OSError as exc:
+            os.close(fd)
+            self._fail(f"cannot write: {_describe(exc)}")
+            return
+        _sync_directory(self.path.parent)
+        self._fd = fd
+        if not self._broken:
+            logger.info("audit log: %s", self.path)
+
+    def _fail(self, reason: str) -> None:
+        """The file is unusable: close it, fail what waits for an fsync, and say so loudly once."""
+        self._close_fd()
+        lost = sum(1 for item in self._unsynced if isinstance(item, _Record))
+        for item in self._unsynced:
+            self._settle(item.done, reason)
+        self._unsynced.clear()
+        self._last_open = time.monotonic()
+        if not self._broken:
+            self._broken = True
+            logger.error("audit log %s unavailable: %s; calls that need a durable audit record are refused, "
+                         "others go on unrecorded (fix it, then `kill -USR1` the daemon)", self.path, reason)
+        if lost:
+            self._lose(lost, reason)
+        else:
+            with self._lock:
+                self._last_error = reason
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _settle(self, done: Done | None, reason: str | None) -> None:
+        if done is None or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            self._loop.call_soon_threadsafe(_resolve, done, reason)
+
+
+def _resolve(done: Done, reason: str | None) -> None:
+    if not done.done():  # the waiter may have timed out or been cancelled
+        done.set_result(reason)
