@@ -15,11 +15,12 @@ import functools
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gatewayd import __version__, jsonrpc, policy
+from gatewayd import __version__, audit, jsonrpc, policy
 from gatewayd.config.models import MethodConfig
 from gatewayd.errors import (
     ArgumentsRefused,
@@ -40,6 +41,8 @@ from gatewayd.upstream.server import ToolDef, ToolServer
 
 logger = logging.getLogger(__name__)
 
+# Characters of a session id written to the audit log: enough to correlate, useless to replay.
+SESSION_ID_IN_AUDIT = 12
 # LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SERVER_INFO = {"name": "gatewayd", "version": __version__}
@@ -82,12 +85,40 @@ class _Inflight:
             self.task.cancel()
 
 
+@dataclass
+class _CallInfo:
+    """One call on its way through: who, by which route, and what the audit log says about it."""
+
+    ctx: CallContext
+    route: str
+    request_id: Any
+    meta: Any
+    method: str
+    arguments: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+    def record(self, event: str, **fields: Any) -> dict[str, Any]:
+        """An audit record of this call."""
+        session = self.ctx.session
+        return {
+            "event": event, "client": self.ctx.principal.name,
+            # A prefix correlates records without writing a live session id to disk.
+            "session": session.id[:SESSION_ID_IN_AUDIT] if session else None,
+            "route": self.route, "method": self.method, "request_id": self.request_id,
+            "trace_id": audit.trace_id(self.meta), **fields,
+        }
+
+
 class Gateway:
     """Routes, authorizes and forwards calls to the pool's tool servers."""
 
-    def __init__(self, pool: Pool, tool_name_separator: str = "__", sessions: Sessions | None = None) -> None:
+    def __init__(
+        self, pool: Pool, tool_name_separator: str = "__", sessions: Sessions | None = None,
+        audit_log: audit.AuditLog | None = None,
+    ) -> None:
         self.pool = pool
         self.sessions = sessions
+        self.audit = audit_log or audit.AuditLog(None)
         self.separator = tool_name_separator
         self._inflight: dict[tuple[str, str, str], _Inflight] = {}
         self._calls: set[_Inflight] = set()
@@ -110,14 +141,16 @@ class Gateway:
             return
         if message.method.startswith("notifications/"):
             return
+        info = _CallInfo(ctx, "notification", None, _meta_of(message.params), message.method)
         try:
-            target = await self._direct_target(ctx.principal, message.method, message.params)
+            target = await self._direct_target(info, message.params)
             if target.server.config.protocol == "mcp":
                 # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
                 logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,
                             message.method)
                 return
             await target.server.notify(target.method, message.params)
+            await self._outcome(info, "sent")
         except GatewayError as exc:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
 
@@ -131,8 +164,9 @@ class Gateway:
             return await self._tools_call(ctx, message)
         if method == "logging/setLevel":
             return _set_level(ctx, message.params)
-        target = await self._direct_target(ctx.principal, method, message.params)
-        return await self._tracked(ctx, message, functools.partial(self._direct_call, ctx, target, message.params))
+        info = _CallInfo(ctx, "direct", message.id, _meta_of(message.params), method)
+        target = await self._direct_target(info, message.params)
+        return await self._tracked(info, functools.partial(self._direct_call, ctx, target, message.params))
 
     def initialize_result(self, version: str) -> dict[str, Any]:
         """The answer to MCP `initialize` once the session exists."""
@@ -153,43 +187,73 @@ class Gateway:
 
     # -- routing ---------------------------------------------------------------------------
 
-    async def _direct_target(self, principal: Principal, method: str, params: Any) -> Target:
+    async def _direct_target(self, info: _CallInfo, params: Any) -> Target:
         """The target of a direct `server.method` call; unknown and denied raise the same MethodNotFound."""
-        server_name, dot, rest = method.partition(".")
+        server_name, dot, rest = info.method.partition(".")
+        unknown = MethodNotFound(info.method)
         if not dot:
-            raise MethodNotFound(method)
-        return await self._resolve(principal, server_name, rest, _arguments(params), MethodNotFound(method))
+            await self._decided(info, "deny", reason="unknown")
+            raise unknown
+        return await self._resolve(info, server_name, rest, _arguments(params), unknown)
 
-    async def _tool_target(self, principal: Principal, name: Any, arguments: dict[str, Any]) -> Target:
+    async def _tool_target(self, info: _CallInfo, name: Any, arguments: dict[str, Any]) -> Target:
         """The target of `tools/call {name}`; unknown and denied raise the same UnknownTool."""
         if not isinstance(name, str):
             raise InvalidParams("tools/call needs params.name, a string")
         server_name, sep, rest = name.partition(self.separator)
         if not sep or not TOOL_NAME.fullmatch(name):
+            await self._decided(info, "deny", reason="unknown")
             raise UnknownTool(name)
-        return await self._resolve(principal, server_name, rest, arguments, UnknownTool(name))
+        return await self._resolve(info, server_name, rest, arguments, UnknownTool(name))
 
     async def _resolve(
-        self, principal: Principal, server_name: str, method: str, arguments: Any, unknown: GatewayError
+        self, info: _CallInfo, server_name: str, method: str, arguments: Any, unknown: GatewayError
     ) -> Target:
-        """The one decision for a call: deny and absence raise `unknown` alike; confirm is refused for now."""
+        """The one decision for a call, recorded before anything runs.
+
+        Deny and absence raise `unknown` alike; confirm is refused for now; a dangerous call runs only
+        once its decision is durably in the audit log.
+        """
+        info.arguments = arguments
         server = self.pool.get(server_name)
         if server is None:
+            await self._decided(info, "deny", reason="unknown")
             raise unknown
         target = Target(server, method)
-        verdict = policy.decide(principal, target.canonical, arguments,
+        info.method = target.canonical
+        verdict = policy.decide(info.ctx.principal, target.canonical, arguments,
                                 confirm_required=_confirm_required(server, method))
-        if (verdict.decision is Decision.DENY and not verdict.refused_arguments) or not await server.has_tool(method):
+        if verdict.decision is Decision.DENY and not verdict.refused_arguments:
+            await self._decided(info, "deny", reason=verdict.reason)
             raise unknown
+        # Only a client that may call the method learns whether it exists (and may make the server start).
+        if not await server.has_tool(method):
+            await self._decided(info, "deny", reason="unknown")
+            raise unknown
+        rule = verdict.rule.describe() if verdict.rule else None
         if verdict.refused_arguments:
             assert verdict.rule is not None
+            await self._decided(info, "deny", rule=rule, reason="arguments")
             raise ArgumentsRefused(f"{target.canonical}: argument {verdict.rule.argument!r} breaks the policy rule "
-                                   f"{verdict.rule.check}", {"rule": verdict.rule.describe()})
+                                   f"{verdict.rule.check}", {"rule": rule})
         if verdict.decision is Decision.CONFIRM:
+            await self._decided(info, "confirm", rule=rule, reason=verdict.reason, durable=True)
             # The confirmation gate is not built yet: a call that needs a person never runs.
             raise ConfirmationRequired(f"{target.canonical} needs a person's confirmation",
                                        {"method": target.canonical, "reason": verdict.reason})
+        await self._decided(info, "allow", rule=rule, durable=_dangerous(server, method))
         return target
+
+    async def _decided(self, info: _CallInfo, decision: str, *, durable: bool = False, **fields: Any) -> None:
+        """Record a decision; durable ones are on disk before this returns, or AuditUnavailable is raised."""
+        event = info.record("decision", decision=decision, params_sha256=audit.params_hash(info.arguments),
+                            params=audit.summarize(info.arguments), **fields)
+        await self.audit.record(event, durable=durable)
+
+    async def _outcome(self, info: _CallInfo, status: str, **fields: Any) -> None:
+        duration_ms = round((time.monotonic() - info.started) * 1000, 3)
+        await self.audit.record(info.record("outcome", status=status, duration_ms=duration_ms, **fields),
+                                durable=False)
 
     def tool_name(self, server: str, method: str) -> str | None:
         """The MCP tool name for `server.method`, or None when it cannot be a valid one."""
@@ -243,9 +307,10 @@ class Gateway:
         arguments = params.get("arguments", {})
         if not isinstance(arguments, dict):
             raise InvalidParams("tools/call params.arguments must be an object")
-        target = await self._tool_target(ctx.principal, params.get("name"), arguments)
+        info = _CallInfo(ctx, "tools/call", message.id, params.get("_meta"), str(params.get("name")))
+        target = await self._tool_target(info, params.get("name"), arguments)
         call = functools.partial(self._tool_call, ctx, target, arguments, params.get("_meta"))
-        return await self._tracked(ctx, message, call)
+        return await self._tracked(info, call)
 
     async def _tool_call(self, ctx: CallContext, target: Target, arguments: dict[str, Any], meta: Any) -> Any:
         events, progress = _event_mapper(ctx, meta)
@@ -281,13 +346,26 @@ class Gateway:
 
     # -- cancellation ----------------------------------------------------------------------
 
-    async def _tracked(self, ctx: CallContext, message: Request, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Run a call so the client's `notifications/cancelled` for its id, or shutdown, can stop it."""
+    async def _tracked(self, info: _CallInfo, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run an authorized call so `notifications/cancelled` or shutdown can stop it; record its outcome."""
+        try:
+            result = await self._stoppable(info, call)
+        except GatewayError as exc:
+            await self._outcome(info, exc.error_type, error_code=exc.code)
+            raise
+        except asyncio.CancelledError:
+            await asyncio.shield(self._outcome(info, "cancelled"))
+            raise
+        is_error = isinstance(result, dict) and result.get("isError") is True
+        await self._outcome(info, "tool_error" if is_error else "ok")
+        return result
+
+    async def _stoppable(self, info: _CallInfo, call: Callable[[], Awaitable[Any]]) -> Any:
         if self.closing:
             raise ShuttingDown("gatewayd is shutting down; retry shortly")
         task = asyncio.current_task()
         assert task is not None
-        key = _inflight_key(ctx, message.id)
+        key = _inflight_key(info.ctx, info.request_id)
         entry = _Inflight(task)
         self._inflight[key] = entry
         self._calls.add(entry)
@@ -335,6 +413,15 @@ def _mark_confirm(described: dict[str, Any]) -> None:
     described["description"] = CONFIRM_NOTE + str(described.get("description") or "")
     meta = described.get("_meta")
     described["_meta"] = {**(meta if isinstance(meta, dict) else {}), CONFIRM_META: True}
+
+
+def _dangerous(server: ToolServer, method: str) -> bool:
+    declared = server.config.methods.get(method)
+    return declared is not None and declared.dangerous
+
+
+def _meta_of(params: Any) -> Any:
+    return params.get("_meta") if isinstance(params, dict) else None
 
 
 def _confirm_required(server: ToolServer, method: str) -> bool:

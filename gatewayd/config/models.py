@@ -53,6 +53,8 @@ class MethodConfig(_Strict):
     notification: bool = False
     # Needs a person's confirmation whatever the policies say; no policy can waive it.
     confirm: bool = False
+    # Runs only once its decision is fsync'd to the audit log; refused when that cannot be done.
+    dangerous: bool = False
 
 
 class ServerConfig(_Strict):

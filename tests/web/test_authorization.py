@@ -57,13 +57,17 @@ class Spy:
         """Methods the child has received, in order."""
         if not self.record.exists():
             return []
-        return [json.loads(line).get("method", "") for line in self.record.read_text().splitlines() if line]
+        # The child may be writing a line right now: only whole lines count.
+        lines = self.record.read_text().split("\n")[:-1]
+        return [json.loads(line).get("method", "") for line in lines if line]
 
     async def post(self, who: str, body: Any, **headers: str) -> tuple[int, Any]:
         response = await self.client.post("/mcp", data=json.dumps(body), headers={
             "Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json", **headers})
         text = await response.text()
-        return response.status, (json.loads(text) if text else None)
+        if response.content_type != "application/json":
+            return response.status, text  # an HTTP-level refusal (a limit), with a plain-text reason
+        return response.status, json.loads(text)
 
     async def session(self, who: str) -> dict[str, str]:
         if who not in self.sessions:
