@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from gatewayd.audit import AuditLog
 from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.gateway import Gateway
 from gatewayd.sessions import Sessions
@@ -21,6 +22,7 @@ from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
 from gatewayd.web.app import MCP_PATH, create_app
 from gatewayd.web.auth import TokenTable
+from gatewayd.web.limits import ConnectionLimits, LimitedRunner
 from gatewayd.web.mcp_http import WebState
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ def build(settings: Settings, snapshot: Snapshot) -> WebState:
     """Wire pool, gateway, sessions and tokens for one snapshot; nothing is started yet."""
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout)
     pool = Pool(snapshot, on_tools_changed=lambda name: gateway.tools_changed(name))
-    gateway = Gateway(pool, settings.tool_name_separator, sessions)
+    gateway = Gateway(pool, settings.tool_name_separator, sessions, AuditLog(settings.audit_file()))
     return WebState(settings, gateway, sessions, TokenTable(snapshot))
 
 
@@ -46,23 +48,30 @@ def listen_on(state: WebState, port: int) -> None:
 
 
 def make_runner(state: WebState) -> web.AppRunner:
-    """The aiohttp runner. Handlers are not cancelled when a client goes away: a dropped SSE stream is not a
-    cancellation in MCP 2025, and calls end by their own deadlines."""
-    return web.AppRunner(create_app(state), access_log=None, handle_signals=False,
-                         shutdown_timeout=state.settings.shutdown_grace, handler_cancellation=False)
+    """The aiohttp runner, with the connection limits (limits.py) and aiohttp's own header limits. Handlers
+    are not cancelled when a client goes away: a dropped SSE stream is not a cancellation in MCP 2025, and
+    calls end by their own deadlines."""
+    settings = state.settings
+    return LimitedRunner(create_app(state), limits=ConnectionLimits.from_settings(settings),
+                         shutdown_timeout=settings.shutdown_grace, handler_cancellation=False, access_log=None,
+                         keepalive_timeout=settings.keepalive_timeout, max_line_size=settings.max_line_bytes,
+                         max_field_size=settings.max_header_bytes, max_headers=settings.max_headers)
 
 
 async def serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
     """Run the daemon until SIGTERM or SIGINT. Raises ConfigInvalid before listening if the config is bad."""
     snapshot = load_snapshot(settings.config_dir)
     state = build(settings, snapshot)
-    pool, sessions = state.gateway.pool, state.sessions
+    pool, sessions, audit_log = state.gateway.pool, state.sessions, state.gateway.audit
+    await audit_log.start()
     runner = make_runner(state)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Log rotation: rename the audit file, then SIGUSR1 makes the daemon write to a new one.
+    loop.add_signal_handler(signal.SIGUSR1, audit_log.reopen)
     try:
         site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
         await site.start()
@@ -77,13 +86,15 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
             await stop.wait()
             logger.info("stopping")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
         sessions.broadcast_close()
         # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
         await state.gateway.drain(settings.shutdown_grace)
         await runner.cleanup()
         await pool.stop_all()
+        # Last, so the outcomes of calls that finished while draining are written.
+        await audit_log.close()
         logger.info("stopped")
 
 

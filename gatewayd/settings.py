@@ -56,11 +56,43 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_json_depth: int = Field(64, ge=2, description="deepest JSON nesting accepted in a request")
     max_batch: int = Field(32, ge=1, description="most elements in one JSON-RPC batch")
+    # Slow-loris: a client that trickles its headers would otherwise hold a connection for ever.
+    header_timeout: float = Field(
+        10.0, gt=0, description="seconds a client has to send a request's headers (then 408 and close)"
+    )
+    # Bounds a trickled body too; the clock starts with the request's first byte, so it includes the headers.
+    request_timeout: float = Field(
+        30.0, gt=0, description="seconds a client has to send a whole request, body included (then 408 and close)"
+    )
+    # Long enough to reuse a connection between calls, short enough that idle ones do not hold connection slots.
+    keepalive_timeout: float = Field(75.0, gt=0, description="seconds an idle keep-alive connection stays open")
+    # Each connection costs a file descriptor; past this the daemon sheds new ones instead of failing on EMFILE.
+    max_connections: int = Field(
+        1024, ge=1, description="most open client connections; past it new ones get 503 and are closed"
+    )
+    # aiohttp's own default; a request line longer than this is an attack, not an MCP call.
+    max_line_bytes: int = Field(8190, ge=256, description="longest request line (400 above)")
+    max_header_bytes: int = Field(8190, ge=256, description="longest single header, name and value (400 above)")
+    # MCP clients send about ten headers; this bounds the header block to max_headers × max_header_bytes.
+    max_headers: int = Field(64, ge=8, description="most header lines in one request (400 above)")
+    # Per-client defaults; `[clients.NAME.limits]` in a policy file overrides them for one client.
+    client_max_concurrent: int = Field(
+        32, ge=1, description="POSTs carrying requests one client may have in flight (429 above)"
+    )
+    client_rate: float = Field(
+        50.0, gt=0, description="JSON-RPC messages per second one client may send, sustained (429 above)"
+    )
+    client_burst: int = Field(100, ge=1, description="JSON-RPC messages one client may send at once above the rate")
     # A comment line this often keeps proxies and clients from dropping a quiet stream.
     sse_keepalive: float = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
     max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
     # A session nobody used for this long is forgotten, so abandoned clients do not pile up.
     session_idle_timeout: float = Field(3600.0, gt=0, description="seconds before an unused session ends")
+    audit_path: str = Field(
+        "audit.jsonl",
+        description="append-only JSON Lines audit log, relative to config_dir; empty turns auditing off "
+        "(then dangerous calls are not refused for want of a record)",
+    )
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
     shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
 
@@ -76,6 +108,12 @@ class Settings(BaseSettings):
         """Flags, then environment, then the optional TOML file."""
         toml = TomlConfigSettingsSource(settings_cls, toml_file=_settings_file())
         return (init_settings, env_settings, toml)
+
+    def audit_file(self) -> Path | None:
+        """Where the audit log goes, or None when auditing is off."""
+        if not self.audit_path:
+            return None
+        return self.config_dir / self.audit_path
 
     def hosts(self, port: int) -> list[str]:
         """The Host header values to accept once the real port is known."""

@@ -45,6 +45,7 @@ class LocalClient:
 async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, WebState]]:
     """A client talking to a full in-process gateway on `config_dir`; stops its children after."""
     state = build(Settings(config_dir=config_dir, **settings), load_snapshot(config_dir))
+    await state.gateway.audit.start()
     runner = make_runner(state)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -59,3 +60,4 @@ async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tupl
         await state.gateway.drain(0)
         await runner.cleanup()
         await state.gateway.pool.stop_all()
+        await state.gateway.audit.close()

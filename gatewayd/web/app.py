@@ -1,8 +1,9 @@
 """The aiohttp application: routes, the Host/Origin guard, and turning HttpError into a status.
 
 Owns which paths exist, the checks every request passes before any handler (Host → 421,
-Origin → 403), and the one place an HttpError becomes an HTTP response. Does not own the
-MCP endpoint's logic (mcp_http.py) or tokens (auth.py).
+Origin → 403), the order of the middlewares, and the one place an HttpError becomes an HTTP
+response. Does not own the MCP endpoint's logic (mcp_http.py), tokens (auth.py) or request
+limits (limits.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gatewayd.errors import HttpError
-from gatewayd.web import mcp_http
+from gatewayd.web import limits, mcp_http
 from gatewayd.web.mcp_http import STATE, WebState
 
 logger = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ async def _healthz(request: web.Request) -> web.Response:
 
 def create_app(state: WebState) -> web.Application:
     """The application; `state.hosts`/`origins` are filled in once the listening port is known."""
-    app = web.Application(middlewares=[_guard], client_max_size=state.settings.max_body_bytes)
+    # The guard runs first, so a 408 or 429 from the limits reaches the client as a response too.
+    app = web.Application(middlewares=[_guard, limits.middleware], client_max_size=state.settings.max_body_bytes)
     app[STATE] = state
+    app[limits.CLIENT_LIMITER] = limits.ClientLimiter.from_settings(state.settings)
     app.router.add_post(MCP_PATH, mcp_http.handle_post)
     app.router.add_get(MCP_PATH, mcp_http.handle_get)
     app.router.add_delete(MCP_PATH, mcp_http.handle_delete)

@@ -23,7 +23,7 @@ from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session, Sessions
 from gatewayd.settings import Settings
-from gatewayd.web import sse
+from gatewayd.web import limits, sse
 from gatewayd.web.auth import TokenTable
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     except GatewayError as exc:
         logger.info("client=%s body refused: %s", principal.name, exc.message)
         return _body_error(exc)
+    limits.admit_post(request, principal, body.messages)
     if not body.is_batch and isinstance(body.messages[0], Request) and body.messages[0].method == "initialize":
         return _initialize(state, principal, body.messages[0])
     needs_session = any(_needs_session(message) for message in body.messages)

@@ -84,7 +84,8 @@ async def spy(tmp_path: Path) -> AsyncIterator[Spy]:
     record = tmp_path / "received.jsonl"
     tools = {"spy": python_command(str(FAULTSRV), "--record", str(record)) + SPY}
     tokens = write_config(tmp_path, tools, ROLES, CLIENTS)
-    async with running_stack(tmp_path) as (client, _):
+    # The property test sends faster than the default per-client rate; every example must reach the gateway.
+    async with running_stack(tmp_path, client_rate=1e6, client_burst=10**6) as (client, _):
         yield Spy(client, tokens, record)
 
 

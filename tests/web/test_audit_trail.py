@@ -1,0 +1,84 @@
+"""The audit trail of real calls: a record per decision and per outcome, and fail-closed dangerous calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.daemon import FAULTSRV, python_command, write_config
+from tests.stack import LocalClient, running_stack
+
+SPY = """
+protocol = "jsonrpc"
+[methods.echo]
+[methods.pid]
+dangerous = true
+[methods.crash]
+confirm = true
+"""
+ROLES = '[roles.r]\nallow = ["spy.*"]\n[roles.r.args."spy.echo".text]\nmax_length = 10\noptional = true\n'
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def config(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    record = tmp_path / "received.jsonl"
+    tools = {"spy": python_command(str(FAULTSRV), "--record", str(record)) + SPY}
+    return write_config(tmp_path, tools, ROLES, {"c": ["r"]}), record
+
+
+async def post(client: LocalClient, token: str, body: Any) -> Any:
+    response = await client.post("/mcp", data=json.dumps(body), headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    text = await response.text()
+    return json.loads(text) if text else None
+
+
+def call(method: str, params: Any, id: Any = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "method": method, "params": params}
+
+
+async def test_every_call_leaves_its_records(tmp_path: Path) -> None:
+    tokens, _ = config(tmp_path)
+    trail = tmp_path / "audit.jsonl"
+    async with running_stack(tmp_path, audit_path=str(trail)) as (client, state):
+        token = tokens["c"]
+        await post(client, token, call("spy.echo", {"text": "hi", "_meta": {"traceparent": TRACEPARENT}}, id=7))
+        await post(client, token, call("spy.echo", {"text": "far too long for the rule"}, id=8))
+        await post(client, token, call("spy.nosuch", {}, id=9))
+        await post(client, token, call("spy.crash", {"code": 1}, id=10))
+        await post(client, token, {"jsonrpc": "2.0", "method": "spy.echo", "params": {"password": "hunter2"}})
+        await state.gateway.audit.flush()
+    records = [json.loads(line) for line in trail.read_text().splitlines()]
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    summary = [(r["event"], r["request_id"], r.get("decision"), r.get("status")) for r in records]
+    assert summary == [
+        ("decision", 7, "allow", None), ("outcome", 7, None, "ok"),
+        ("decision", 8, "deny", None),
+        ("decision", 9, "deny", None),
+        ("decision", 10, "confirm", None),
+        ("decision", None, "allow", None), ("outcome", None, None, "sent"),
+    ]
+    first = records[0]
+    assert first["client"] == "c" and first["method"] == "spy.echo" and first["route"] == "direct"
+    assert first["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+    assert first["rule"] == f"role 'r' ({tmp_path / 'policies' / 'roles.toml'}) pattern 'spy.*'"
+    assert len(first["params_sha256"]) == 64 and first["params"] == {"text": "hi"}
+    assert records[2]["reason"] == "arguments" and "max_length 10" in records[2]["rule"]
+    assert records[3]["reason"] == "unknown"
+    assert "hunter2" not in trail.read_text()
+
+
+async def test_a_broken_audit_log_refuses_dangerous_calls_and_keeps_the_rest(tmp_path: Path) -> None:
+    tokens, record = config(tmp_path)
+    # /dev/full opens fine and fails every write: a full disk.
+    async with running_stack(tmp_path, audit_path="/dev/full") as (client, state):
+        token = tokens["c"]
+        refused = await post(client, token, call("spy.pid", {}))
+        assert refused["error"]["code"] == -32013
+        assert refused["error"]["data"]["error_type"] == "audit_unavailable"
+        assert "ENOSPC" in refused["error"]["data"]["reason"]
+        assert (await post(client, token, call("spy.echo", {"text": "still"})))["result"] == {"text": "still"}
+        assert state.gateway.audit.status()["healthy"] is False
+    received = [json.loads(line).get("method") for line in record.read_text().splitlines()]
+    assert "pid" not in received and "echo" in received
