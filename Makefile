@@ -10,6 +10,8 @@ $(BIN)/gatewayd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e .
+	@# An editable install ships no bytecode; compiling once saves ~0.1 s on every daemon start.
+	$(BIN)/python -m compileall -q gatewayd > /dev/null
 	touch $@
 
 $(VENV)/.test-deps: $(BIN)/gatewayd

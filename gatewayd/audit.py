@@ -283,8 +283,13 @@ class AuditLog:
 
     def __init__(self, path: Path | None, *, write_timeout: float = WRITE_TIMEOUT) -> None:
         self.path = path
+        self.enabled = path is not None
         self._timeout = write_timeout
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[_Item]] = queue.SimpleQueue()
+        # Items of the current event-loop turn, handed to the writer together: one wake-up of the thread per
+        # turn, not per record (measured: a wake-up per record cost more than the rest of a call).
+        self._turn: list[_Item] = []
+        self._backlog = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -316,7 +321,7 @@ class AuditLog:
         self._thread = threading.Thread(target=self._run, name="gatewayd-audit", daemon=True)
         self._thread.start()
         opened: Done = self._loop.create_future()
-        self._queue.put(_Reopen(opened))
+        self._submit(_Reopen(opened))
         await self._wait(opened)
 
     async def record(self, event: dict[str, Any], *, durable: bool) -> None:
@@ -329,15 +334,15 @@ class AuditLog:
         if not durable:
             if not running:
                 self._lose(1, "audit log is not running")
-            elif self._queue.qsize() >= MAX_QUEUED:
+            elif self._backlog >= MAX_QUEUED:
                 self._lose(1, f"more than {MAX_QUEUED} records waiting for the disk")
             else:
-                self._queue.put(item)
+                self._submit(item)
             return
         if self._loop is None or self._closing:
             raise self._unavailable("audit log is not running")
         item.done = self._loop.create_future()
-        self._queue.put(item)
+        self._submit(item)
         reason = await self._wait(item.done)
         if reason is not None:
             raise self._unavailable(reason)
@@ -348,7 +353,7 @@ class AuditLog:
         if self._loop is None or self._closing:
             return
         done: Done = self._loop.create_future()
-        self._queue.put(_Flush(done))
+        self._submit(_Flush(done))
         await self._wait(done)
 
     def reopen(self) -> None:
@@ -357,7 +362,7 @@ class AuditLog:
         if self._loop is None or self._closing:
             return
         logger.info("audit log %s: reopening", self.path)
-        self._queue.put(_Reopen(None))
+        self._submit(_Reopen(None))
 
     async def close(self) -> None:
         """Write what is queued, then close the file and end the writer."""
@@ -365,7 +370,7 @@ class AuditLog:
             return
         self._closing = True
         done: Done = self._loop.create_future()
-        self._queue.put(_Stop(done))
+        self._submit(_Stop(done))
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT):
                 await done
@@ -423,16 +428,32 @@ class AuditLog:
         logger.error("audit log %s failing: %s (%d records not written since the last report)",
                      self.path, reason, unreported)
 
+    def _submit(self, item: _Item) -> None:
+        """Queue an item for the writer at the end of this event-loop turn, in order."""
+        assert self._loop is not None
+        if not self._turn:
+            self._loop.call_soon(self._hand_over)
+        self._turn.append(item)
+        with self._lock:
+            self._backlog += 1
+
+    def _hand_over(self) -> None:
+        turn, self._turn = self._turn, []
+        if turn:
+            self._queue.put(turn)
+
     # -- writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
+            batch = self._queue.get()
             while len(batch) < MAX_BATCH:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.extend(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            with self._lock:
+                self._backlog -= len(batch)
             with self._lock:
                 self._busy_since = time.monotonic()
             try:
@@ -447,11 +468,16 @@ class AuditLog:
                 return
 
     def _handle(self, batch: list[_Item]) -> bool:
-        """Write a batch in order, one fsync per run of records; True once told to stop."""
+        """Write a batch in order, one write and one fsync per run of records; True once told to stop."""
+        run: list[_Record] = []
         for item in batch:
             if isinstance(item, _Record):
-                self._write(item)
-            elif isinstance(item, _Flush):
+                run.append(item)
+                continue
+            if run:
+                self._write(run)
+                run = []
+            if isinstance(item, _Flush):
                 self._unsynced.append(item)
             else:
                 self._sync()
@@ -461,32 +487,37 @@ class AuditLog:
                     return True
                 self._open()
                 self._settle(item.done, None if self._fd is not None else self._last_error)
+        if run:
+            self._write(run)
         self._sync()
         return False
 
-    def _write(self, item: _Record) -> None:
+    def _write(self, run: list[_Record]) -> None:
+        """Write consecutive records with one system call; they succeed or fail together."""
         if self._fd is None and time.monotonic() - self._last_open >= REOPEN_RETRY_INTERVAL:
             self._open()
         if self._fd is None:
             reason = self._last_error or "audit file is not open"
-            self._lose(1, reason)
-            self._settle(item.done, reason)
+            self._lose(len(run), reason)
+            for item in run:
+                self._settle(item.done, reason)
             return
-        seq = self._seq + 1
+        first = self._seq + 1
+        lines = [b'{"seq":%d,"time":"%s"' % (first + n, item.stamp.encode()) + item.body for n, item in enumerate(run)]
         try:
-            _write_all(self._fd, b'{"seq":%d,"time":"%s"' % (seq, item.stamp.encode()) + item.body)
+            _write_all(self._fd, b"".join(lines))
         except OSError as exc:
-            self._unsynced.append(item)  # counted and answered with the others that now cannot be synced
+            # Counted and answered with the others that now cannot be synced.
+            self._unsynced.extend(item for item in run)
             self._fail(f"write failed: {_describe(exc)}")
             return
         with self._lock:
-            self._seq = seq
-            self._written += 1
+            self._seq = first + len(run) - 1
+            self._written += len(run)
         if self._broken:
             self._broken = False
             logger.warning("audit log %s is writable again", self.path)
-        if item.done is not None:
-            self._unsynced.append(item)
+        self._unsynced.extend(item for item in run if item.done is not None)
 
     def _sync(self) -> None:
         if not self._unsynced:

@@ -96,16 +96,19 @@ class _CallInfo:
     method: str
     arguments: Any = None
     started: float = field(default_factory=time.monotonic)
+    trace: str = ""
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
-        """An audit record of this call."""
+        """An audit record of this call; its records share one trace id."""
         session = self.ctx.session
+        if not self.trace:
+            self.trace = audit.trace_id(self.meta)
         return {
             "event": event, "client": self.ctx.principal.name,
             # A prefix correlates records without writing a live session id to disk.
             "session": session.id[:SESSION_ID_IN_AUDIT] if session else None,
             "route": self.route, "method": self.method, "request_id": self.request_id,
-            "trace_id": audit.trace_id(self.meta), **fields,
+            "trace_id": self.trace, **fields,
         }
 
 
@@ -246,11 +249,15 @@ class Gateway:
 
     async def _decided(self, info: _CallInfo, decision: str, *, durable: bool = False, **fields: Any) -> None:
         """Record a decision; durable ones are on disk before this returns, or AuditUnavailable is raised."""
+        if not self.audit.enabled:
+            return
         event = info.record("decision", decision=decision, params_sha256=audit.params_hash(info.arguments),
                             params=audit.summarize(info.arguments), **fields)
         await self.audit.record(event, durable=durable)
 
     async def _outcome(self, info: _CallInfo, status: str, **fields: Any) -> None:
+        if not self.audit.enabled:
+            return
         duration_ms = round((time.monotonic() - info.started) * 1000, 3)
         await self.audit.record(info.record("outcome", status=status, duration_ms=duration_ms, **fields),
                                 durable=False)

@@ -42,6 +42,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """Liveness for probes and units: 200 "ok", or 503 "degraded" while dangerous calls are being refused."""
+    if not request.app[STATE].gateway.audit.healthy:
+        return web.Response(status=503, text="degraded: the audit log cannot be written; dangerous calls are refused\n")
     return web.Response(text="ok\n")
 
 

@@ -130,3 +130,21 @@ def test_explain_names_the_rule(tmp_path: Path) -> None:
     assert explain("c", "other.thing")[0].startswith("deny: c may not call other.thing (no role grants it)")
     assert "no tool server 'other'" in explain("c", "other.thing")[1]
     assert explain("nobody", "fault.pid") == ["deny: there is no client 'nobody' (clients: c)"]
+
+
+async def test_audit_log_rotates_on_sigusr1(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    tokens = write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
+    trail, rotated = tmp_path / "audit.jsonl", tmp_path / "audit.jsonl.1"
+    async with Daemon(tmp_path) as daemon:
+        await rpc(http, daemon.url, tokens["c"], "fault.pid", {}, id="before")
+        await eventually(lambda: trail.exists() and '"event":"outcome"' in trail.read_text(),
+                         what="the first call's outcome is on disk")
+        trail.rename(rotated)
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGUSR1)
+        await daemon.wait_log("audit log .* reopening")
+        await rpc(http, daemon.url, tokens["c"], "fault.pid", {}, id="after")
+        await eventually(lambda: trail.exists() and '"request_id":"after"' in trail.read_text(),
+                         what="records after the rotation go to a new file")
+    assert '"request_id":"after"' not in rotated.read_text()
+    assert trail.stat().st_mode & 0o777 == 0o600

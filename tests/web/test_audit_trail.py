@@ -82,3 +82,14 @@ async def test_a_broken_audit_log_refuses_dangerous_calls_and_keeps_the_rest(tmp
         assert state.gateway.audit.status()["healthy"] is False
     received = [json.loads(line).get("method") for line in record.read_text().splitlines()]
     assert "pid" not in received and "echo" in received
+
+
+async def test_health_says_degraded_while_the_audit_log_is_broken(tmp_path: Path) -> None:
+    config(tmp_path)
+    async with running_stack(tmp_path, audit_path="/dev/full") as (client, state):
+        await state.gateway.audit.record({"event": "probe"}, durable=False)
+        await state.gateway.audit.flush()
+        response = await client.get("/healthz")
+        assert response.status == 503 and "degraded" in await response.text()
+    async with running_stack(tmp_path) as (client, _):
+        assert (await client.get("/healthz")).status == 200
