@@ -65,6 +65,9 @@ WRITE_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 10.0
 # Ordinary records waiting beyond this are dropped and counted, so a slow disk cannot grow memory without bound.
 MAX_QUEUED = 10_000
+# Ordinary records reach the writer in batches of this many, or after this long, whichever comes first.
+HANDOVER_BATCH = 128
+HANDOVER_INTERVAL = 0.05
 # Most items handled before one fsync covers them; bounds how long the first durable record of a burst waits.
 MAX_BATCH = 256
 # While the file is unusable, the writer tries it again at most this often (reopen() tries at once).
@@ -289,6 +292,8 @@ class AuditLog:
         # Items of the current event-loop turn, handed to the writer together: one wake-up of the thread per
         # turn, not per record (measured: a wake-up per record cost more than the rest of a call).
         self._turn: list[_Item] = []
+        self._handover_soon = False
+        self._handover_timer: asyncio.TimerHandle | None = None
         self._backlog = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -429,15 +434,25 @@ class AuditLog:
                      self.path, reason, unreported)
 
     def _submit(self, item: _Item) -> None:
-        """Queue an item for the writer at the end of this event-loop turn, in order."""
+        """Queue an item for the writer, in order. Anyone waiting (durable records, flush, reopen, close) is
+        handed over at the end of this event-loop turn; ordinary records wait for a batch or HANDOVER_INTERVAL,
+        since every wake-up of the writer costs the event loop a GIL hand-off."""
         assert self._loop is not None
-        if not self._turn:
-            self._loop.call_soon(self._hand_over)
         self._turn.append(item)
         with self._lock:
             self._backlog += 1
+        urgent = not isinstance(item, _Record) or item.done is not None or len(self._turn) >= HANDOVER_BATCH
+        if urgent and not self._handover_soon:
+            self._handover_soon = True
+            self._loop.call_soon(self._hand_over)
+        elif self._handover_timer is None:
+            self._handover_timer = self._loop.call_later(HANDOVER_INTERVAL, self._hand_over)
 
     def _hand_over(self) -> None:
+        self._handover_soon = False
+        if self._handover_timer is not None:
+            self._handover_timer.cancel()
+            self._handover_timer = None
         turn, self._turn = self._turn, []
         if turn:
             self._queue.put(turn)
