@@ -49,7 +49,6 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -191,14 +190,29 @@ def _cut(text: str, limit: int) -> str:
 # -- record framing ------------------------------------------------------------------------
 
 
-def _now() -> str:
-    """RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+class _Clock:
+    """RFC 3339 timestamps, formatting the date and time only once a second (it showed in profiles)."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def __call__(self) -> str:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((now - second) * 1000):03d}Z"
+
+
+# RFC 3339 UTC with milliseconds: 2025-01-31T12:00:00.123Z.
+_now = _Clock()
 
 
 def _encode_body(event: dict[str, Any]) -> bytes:
     """The event as the tail of a record line (everything after `"time":"…"`), newline included."""
-    fields = {key: value for key, value in event.items() if key not in _FRAMED}
+    fields = {key: value for key, value in event.items() if key not in _FRAMED} if _FRAMED & event.keys() else event
     try:
         text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
     except (TypeError, ValueError) as exc:
