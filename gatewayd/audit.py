@@ -262,7 +262,8 @@ Done = asyncio.Future[str | None]
 @dataclass
 class _Record:
     stamp: str
-    body: bytes
+    # Encoded by the writer thread, off the event loop's path; the caller hands over a dict it never changes.
+    event: dict[str, Any]
     done: Done | None  # None: an ordinary record nobody waits for
 
 
@@ -348,7 +349,7 @@ class AuditLog:
         Ordinary: queued; never raises, never waits; a record that cannot be written is counted and logged."""
         if self.path is None:
             return
-        item = _Record(_now(), _encode_body(event), None)
+        item = _Record(_now(), event, None)
         running = self._loop is not None and not self._closing
         if not durable:
             if not running:
@@ -532,7 +533,8 @@ class AuditLog:
                 self._settle(item.done, reason)
             return
         first = self._seq + 1
-        lines = [b'{"seq":%d,"time":"%s"' % (first + n, item.stamp.encode()) + item.body for n, item in enumerate(run)]
+        lines = [b'{"seq":%d,"time":"%s"' % (first + n, item.stamp.encode()) + _encode_body(item.event)
+                 for n, item in enumerate(run)]
         try:
             _write_all(self._fd, b"".join(lines))
         except OSError as exc:
