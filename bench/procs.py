@@ -71,7 +71,7 @@ def daemon_argv(config_dir: Path) -> list[str]:
     # One client drives all the load, so the per-client rate and concurrency limits are lifted; the audit
     # log stays on, as it is by default.
     return [sys.executable, "-m", "gatewayd", "--config-dir", str(config_dir), "--port", "0",
-            "--host", "127.0.0.1", "--admin-socket", str(config_dir / "admin.sock"),
+            "--host", "127.0.0.1",
             "--client-rate", "1000000", "--client-burst", "1000000", "--client-max-concurrent", "4096"]
 
 

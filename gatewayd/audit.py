@@ -221,7 +221,7 @@ def _encode_body(event: dict[str, Any]) -> bytes:
                           ensure_ascii=False)
     text = _UNSAFE.sub(lambda match: f"\\u{ord(match[0]):04x}", text)
     tail = "}" if text == "{}" else "," + text[1:]
-    # A lone surrogate becomes its own \udXXX escape, which is what JSON calls it anyway.
+    # Lone surrogates have no UTF-8 form; backslashreplace writes each as a JSON "\\udxxx" escape.
     return (tail + "\n").encode("utf-8", "backslashreplace")
 
 

@@ -26,6 +26,7 @@ from gatewayd.errors import (
     ArgumentsRefused,
     ConfirmationRequired,
     GatewayError,
+    InternalError,
     InvalidParams,
     MethodNotFound,
     RequestCancelled,
@@ -135,6 +136,10 @@ class Gateway:
             result = await self._route(ctx, message)
         except GatewayError as exc:
             return jsonrpc.error_response(message.id, exc)
+        except Exception:
+            # A bug must not reach the caller as a 500 or a traceback: -32603, details in the log only.
+            logger.exception("client=%s %s failed", ctx.principal.name, message.method)
+            return jsonrpc.error_response(message.id, InternalError("Internal error"))
         return jsonrpc.result_response(message.id, result)
 
     async def notify(self, ctx: CallContext, message: Notification) -> None:
@@ -225,7 +230,7 @@ class Gateway:
         target = Target(server, method)
         info.method = target.canonical
         verdict = policy.decide(info.ctx.principal, target.canonical, arguments,
-                                confirm_required=_confirm_required(server, method))
+                                confirm_required=server.config.needs_confirmation(method))
         if verdict.decision is Decision.DENY and not verdict.refused_arguments:
             await self._decided(info, "deny", reason=verdict.reason)
             raise unknown
@@ -244,7 +249,7 @@ class Gateway:
             # The confirmation gate is not built yet: a call that needs a person never runs.
             raise ConfirmationRequired(f"{target.canonical} needs a person's confirmation",
                                        {"method": target.canonical, "reason": verdict.reason})
-        await self._decided(info, "allow", rule=rule, durable=_dangerous(server, method))
+        await self._decided(info, "allow", rule=rule, durable=server.config.is_dangerous(method))
         return target
 
     async def _decided(self, info: _CallInfo, decision: str, *, durable: bool = False, **fields: Any) -> None:
@@ -276,7 +281,7 @@ class Gateway:
 
     def _listing(self, principal: Principal, server: ToolServer, tool: ToolDef) -> Decision:
         return policy.may_call(principal, f"{server.name}.{tool.method}",
-                               confirm_required=_confirm_required(server, tool.method))
+                               confirm_required=server.config.needs_confirmation(tool.method))
 
     # -- MCP methods -----------------------------------------------------------------------
 
@@ -422,18 +427,8 @@ def _mark_confirm(described: dict[str, Any]) -> None:
     described["_meta"] = {**(meta if isinstance(meta, dict) else {}), CONFIRM_META: True}
 
 
-def _dangerous(server: ToolServer, method: str) -> bool:
-    declared = server.config.methods.get(method)
-    return declared is not None and declared.dangerous
-
-
 def _meta_of(params: Any) -> Any:
     return params.get("_meta") if isinstance(params, dict) else None
-
-
-def _confirm_required(server: ToolServer, method: str) -> bool:
-    declared = server.config.methods.get(method)
-    return declared is not None and declared.confirm
 
 
 def _arguments(params: Any) -> Any:

@@ -266,5 +266,4 @@ def principal_for(snapshot: Snapshot, client_name: str) -> Principal:
 def confirm_required(snapshot: Snapshot, server: str, method: str) -> bool:
     """Whether the tools.d definition of `server.method` demands a person's confirmation."""
     config = snapshot.servers.get(server)
-    declared = config.methods.get(method) if config is not None else None
-    return declared is not None and declared.confirm
+    return config is not None and config.needs_confirmation(method)

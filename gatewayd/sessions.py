@@ -23,8 +23,6 @@ logger = logging.getLogger(__name__)
 # Versions of the legacy (initialize + Mcp-Session-Id) era this gateway speaks, newest first.
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_VERSION = SUPPORTED_VERSIONS[0]
-# What a session without an MCP-Protocol-Version header is assumed to speak (the spec's rule).
-DEFAULT_HEADER_VERSION = "2025-03-26"
 # Notifications held for a session's GET stream before the oldest are dropped.
 OUTBOUND_QUEUE_LIMIT = 256
 # Session ids carry this many random bytes (256 bits): unguessable.
@@ -50,8 +48,8 @@ class Session:
     )
     stream_open: bool = False
 
-    def push(self, message: dict[str, Any]) -> None:
-        """Queue a notification for the GET stream; the oldest is dropped when full."""
+    def push(self, message: dict[str, Any] | None) -> None:
+        """Queue a notification for the GET stream (None ends it); the oldest is dropped when full."""
         if self.outbound.full():
             self.outbound.get_nowait()
         self.outbound.put_nowait(message)
@@ -124,6 +122,4 @@ class Sessions:
     def broadcast_close(self) -> None:
         """Tell every GET stream to end (the daemon is stopping)."""
         for session in self._by_id.values():
-            if session.outbound.full():
-                session.outbound.get_nowait()
-            session.outbound.put_nowait(None)
+            session.push(None)

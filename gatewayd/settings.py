@@ -39,9 +39,6 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port to listen on (0 picks a free one)")
     config_dir: Path = Field(Path("."), description="directory holding tools.d/ and policies/")
-    admin_socket: Path = Field(
-        Path("/tmp/gatewayd-admin.sock"), description="unix socket for gatewayctl's admin verbs"
-    )
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
     allowed_hosts: list[str] = Field(
         default_factory=list,

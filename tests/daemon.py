@@ -79,7 +79,7 @@ class Daemon:
     async def __aenter__(self) -> Daemon:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gatewayd", "--config-dir", str(self.config_dir), "--port", "0",
-            "--admin-socket", str(self.config_dir / "admin.sock"), *self.args,
+            *self.args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,

@@ -99,6 +99,16 @@ class ServerConfig(_Strict):
         """The full command line."""
         return [*self.command, *self.args]
 
+    def needs_confirmation(self, method: str) -> bool:
+        """Whether `method` is marked `confirm = true` here."""
+        declared = self.methods.get(method)
+        return declared is not None and declared.confirm
+
+    def is_dangerous(self, method: str) -> bool:
+        """Whether `method` is marked `dangerous = true` here."""
+        declared = self.methods.get(method)
+        return declared is not None and declared.dangerous
+
     def timeout_for(self, method: str) -> float:
         """The call deadline for `method`: its own override, else the server's."""
         declared = self.methods.get(method)

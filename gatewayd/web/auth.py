@@ -35,7 +35,6 @@ class TokenTable:
     """The clients of one snapshot, by token digest."""
 
     def __init__(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
         self._entries = [
             (bytes.fromhex(digest), name) for name, client in snapshot.clients.items() for digest in client.token_sha256
         ]

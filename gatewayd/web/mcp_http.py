@@ -9,7 +9,6 @@ GET stream. Does not own routing or policy (gateway.py) or tokens (auth.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -235,6 +234,5 @@ async def handle_delete(request: web.Request) -> web.Response:
     session = _session_for(request, principal, required=True)
     assert session is not None
     state.sessions.delete(session.id)
-    with contextlib.suppress(asyncio.QueueFull):
-        session.outbound.put_nowait(None)
+    session.push(None)
     return web.Response(status=204)

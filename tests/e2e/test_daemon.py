@@ -32,7 +32,7 @@ def gatewayctl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_help_lists_the_settings(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for flag in ("--host", "--port", "--config-dir", "--admin-socket", "--log-level", "--max-body-bytes"):
+    for flag in ("--host", "--port", "--config-dir", "--audit-path", "--log-level", "--max-body-bytes"):
         assert flag in result.stdout
 
 

@@ -395,3 +395,15 @@ async def test_tools_call_with_params_of_the_wrong_type(stack: Stack, params: An
     session = await stack.initialize()
     response = await stack.post(call("tools/call", params), **{"Mcp-Session-Id": session})
     assert (await response.json())["error"]["code"] == -32602
+
+
+async def test_a_bug_answers_internal_error_without_details(stack: Stack, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: Any) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret detail of a bug")
+
+    monkeypatch.setattr("gatewayd.upstream.server.ToolServer.call", broken)
+    response = await stack.post(call("calc.add", {"a": 1, "b": 2}))
+    assert response.status == 200
+    assert await response.json() == {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "Internal error"}}
+    assert "secret detail of a bug" in caplog.text  # in the daemon's log, never on the wire
