@@ -210,16 +210,21 @@ class _Clock:
 _now = _Clock()
 
 
+# Built once: json.dumps with non-default options builds a new encoder per call (half the cost of a record).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+
+
 def _encode_body(event: dict[str, Any]) -> bytes:
     """The event as the tail of a record line (everything after `"time":"…"`), newline included."""
     fields = {key: value for key, value in event.items() if key not in _FRAMED} if _FRAMED & event.keys() else event
     try:
-        text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+        text = _ENCODER.encode(fields)
     except (TypeError, ValueError) as exc:
         # A NaN or a cycle is a bug in the caller, but the call must still leave a record.
         text = json.dumps({"unencodable_event": _cut(repr(event), SUMMARY_MAX_STRING * 10), "error": str(exc)},
                           ensure_ascii=False)
-    text = _UNSAFE.sub(lambda match: f"\\u{ord(match[0]):04x}", text)
+    if not text.isascii() or "\x7f" in text:  # the common case skips the scan
+        text = _UNSAFE.sub(lambda match: f"\\u{ord(match[0]):04x}", text)
     tail = "}" if text == "{}" else "," + text[1:]
     # Lone surrogates have no UTF-8 form; backslashreplace writes each as a JSON "\\udxxx" escape.
     return (tail + "\n").encode("utf-8", "backslashreplace")
@@ -259,7 +264,7 @@ def _sync_directory(directory: Path) -> None:
 Done = asyncio.Future[str | None]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Record:
     stamp: str
     # Encoded by the writer thread, off the event loop's path; the caller hands over a dict it never changes.
@@ -309,7 +314,10 @@ class AuditLog:
         self._turn: list[_Item] = []
         self._handover_soon = False
         self._handover_timer: asyncio.TimerHandle | None = None
-        self._backlog = 0
+        # Records queued and not yet taken by the writer = submitted - taken; each counter has one writing
+        # thread, so no lock is taken per record.
+        self._submitted = 0
+        self._taken = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -354,7 +362,7 @@ class AuditLog:
         if not durable:
             if not running:
                 self._lose(1, "audit log is not running")
-            elif self._backlog >= MAX_QUEUED:
+            elif self._submitted - self._taken >= MAX_QUEUED:
                 self._lose(1, f"more than {MAX_QUEUED} records waiting for the disk")
             else:
                 self._submit(item)
@@ -454,8 +462,7 @@ class AuditLog:
         since every wake-up of the writer costs the event loop a GIL hand-off."""
         assert self._loop is not None
         self._turn.append(item)
-        with self._lock:
-            self._backlog += 1
+        self._submitted += 1
         urgent = not isinstance(item, _Record) or item.done is not None or len(self._turn) >= HANDOVER_BATCH
         if urgent and not self._handover_soon:
             self._handover_soon = True
@@ -482,8 +489,7 @@ class AuditLog:
                     batch.extend(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            with self._lock:
-                self._backlog -= len(batch)
+            self._taken += len(batch)
             with self._lock:
                 self._busy_since = time.monotonic()
             try:
