@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
+from gatewayd import admin
 from gatewayd.audit import AuditLog
 from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.gateway import Gateway
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
+from gatewayd.web import console
 from gatewayd.web.app import MCP_PATH, create_app
 from gatewayd.web.auth import TokenTable
 from gatewayd.web.limits import ConnectionLimits, LimitedRunner
@@ -42,9 +46,12 @@ def build(settings: Settings, snapshot: Snapshot) -> WebState:
 
 
 def listen_on(state: WebState, port: int) -> None:
-    """Accept the Host and Origin values that belong to the port we actually listen on."""
+    """Accept the Host and Origin values that belong to the port we actually listen on; say where the approval
+    page is."""
     state.hosts = frozenset(state.settings.hosts(port))
     state.origins = frozenset(state.settings.origins(port))
+    if state.settings.approval_page:
+        state.gateway.approval_url = f"http://{_url_host(state.settings.host)}:{port}{console.PAGE_PATH}"
 
 
 def make_runner(state: WebState) -> web.AppRunner:
@@ -66,6 +73,7 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
     await audit_log.start()
     runner = make_runner(state)
     await runner.setup()
+    admin_runner = AdminSocket(state)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,6 +86,7 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         port = _bound_port(runner)
         listen_on(state, port)
         url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
+        await admin_runner.start(settings)
         logger.info("listening on %s (%d tool servers, %d clients)", url, len(pool.servers), len(snapshot.clients))
         if on_ready is not None:
             on_ready(url)
@@ -86,6 +95,7 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
             await stop.wait()
             logger.info("stopping")
     finally:
+        await admin_runner.stop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
         sessions.broadcast_close()
@@ -96,6 +106,39 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         # Last, so the outcomes of calls that finished while draining are written.
         await audit_log.close()
         logger.info("stopped")
+
+
+class AdminSocket:
+    """The admin API's listener on its unix socket (admin.py), if the settings name one."""
+
+    def __init__(self, state: WebState) -> None:
+        self._state = state
+        self._runner: web.AppRunner | None = None
+        self._path: Path | None = None
+
+    async def start(self, settings: Settings) -> None:
+        path = settings.admin_socket_path()
+        if path is None:
+            logger.info("admin socket disabled")
+            return
+        admin.prepare_socket(path)
+        self._runner = web.AppRunner(admin.create_app(self._state.gateway, self._state.sessions), access_log=None)
+        await self._runner.setup()
+        # Bound with no access for group and others; the configured mode is applied right after.
+        old_umask = os.umask(0o177)
+        try:
+            await web.UnixSite(self._runner, str(path)).start()
+        finally:
+            os.umask(old_umask)
+        self._path = path
+        admin.secure_socket(path, int(settings.admin_socket_mode, 8), settings.admin_socket_group)
+        logger.info("admin socket: %s", path)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
 
 
 def _url_host(host: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gatewayd import __version__
+from gatewayd.admin import AdminClient, AdminUnavailable
 from gatewayd.config.edit import set_client_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
 from gatewayd.errors import ConfigError
@@ -27,6 +28,12 @@ from gatewayd.web.auth import hash_token, new_token
 
 EXIT_CONFIG = 2
 EXIT_USAGE = 64
+# sysexits.h EX_UNAVAILABLE: the daemon is not running or its socket cannot be opened.
+EXIT_UNAVAILABLE = 69
+# An admin verb that reached the daemon but did not do what was asked (e.g. approving a finished approval).
+EXIT_REFUSED = 1
+# Arguments shown per row by `gatewayctl approvals`; --json shows them whole.
+ARGUMENTS_COLUMN = 60
 DEFAULT_POLICY_FILE = "clients.toml"
 DEV_CLIENT = "dev"
 DEV_ROLE = "developer"
@@ -124,6 +131,16 @@ def _ctl_parser() -> argparse.ArgumentParser:
     explain.add_argument("client")
     explain.add_argument("method", help="canonical name, e.g. calc.add")
     explain.add_argument("arguments", nargs="?", default=None, help="the call's arguments as a JSON object")
+    parser.add_argument("--socket", type=Path, help="the daemon's admin socket (default: from its settings)")
+    pending = verbs.add_parser("approvals", help="list calls waiting for a person's confirmation")
+    pending.add_argument("--json", action="store_true", help="print JSON, arguments in full")
+    approve = verbs.add_parser("approve", help="let a waiting call run, once")
+    approve.add_argument("id")
+    deny = verbs.add_parser("deny", help="refuse a waiting call")
+    deny.add_argument("id")
+    deny.add_argument("--reason", help="told to the caller and written to the audit log")
+    status = verbs.add_parser("status", help="what the running daemon is doing")
+    status.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -171,12 +188,82 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- verbs that talk to the running daemon -----------------------------------------------------
+
+
+def _admin(args: argparse.Namespace) -> AdminClient:
+    if args.socket is not None:
+        return AdminClient(args.socket)
+    os.environ.setdefault("GATEWAYD_CONFIG_DIR", str(args.config_dir))
+    path = Settings(config_dir=args.config_dir).admin_socket_path()
+    if path is None:
+        raise AdminUnavailable("the admin socket is turned off in the settings (admin_socket = \"\")")
+    return AdminClient(path)
+
+
+def _ask(args: argparse.Namespace, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    return asyncio.run(_admin(args).call(method, route, body))
+
+
+def _approvals(args: argparse.Namespace) -> int:
+    _, body = _ask(args, "GET", "/approvals")
+    pending = body.get("approvals", [])
+    if args.json:
+        print(json.dumps(pending, indent=2, ensure_ascii=False))
+        return 0
+    if not pending:
+        print("no calls are waiting for confirmation")
+        return 0
+    rows: list[tuple[str, ...]] = [("ID", "CLIENT", "METHOD", "AGE", "EXPIRES IN", "ARGUMENTS")]
+    for item in pending:
+        shown = json.dumps(item["arguments"], ensure_ascii=False)
+        if len(shown) > ARGUMENTS_COLUMN:
+            shown = shown[:ARGUMENTS_COLUMN - 1] + "…"
+        rows.append((item["id"], item["client"], item["method"], f"{item['age_s']:.0f}s",
+                     f"{item['expires_in_s']:.0f}s", shown))
+    _print_table(rows)
+    return 0
+
+
+def _decide(args: argparse.Namespace) -> int:
+    body = {"reason": args.reason} if getattr(args, "reason", None) else None
+    _, answer = _ask(args, "POST", f"/approvals/{args.id}/{args.verb}", body)
+    print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
+    return 0 if answer.get("ok") else EXIT_REFUSED
+
+
+def _status(args: argparse.Namespace) -> int:
+    _, body = _ask(args, "GET", "/status")
+    if args.json:
+        print(json.dumps(body, indent=2, ensure_ascii=False))
+        return 0
+    audit = body["audit"]
+    print(f"gatewayd {body['version']}  pid {body['pid']}  up {body['uptime_s']:.0f}s  sessions {body['sessions']}  "
+          f"pending approvals {body['pending_approvals']}  audit {'ok' if audit['healthy'] else 'FAILING'}")
+    rows: list[tuple[str, ...]] = [("SERVER", "STATE", "PID", "RESTARTS", "IN FLIGHT", "LAST EXIT")]
+    for name, server in body["servers"].items():
+        rows.append((name, server["state"], str(server.get("pid") or "-"), str(server.get("restarts", 0)),
+                     str(server.get("in_flight", 0)), str(server.get("last_exit") or "")))
+    _print_table(rows)
+    return 0
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
 def gatewayctl_main(argv: list[str] | None = None) -> int:
     """Entry point of `gatewayctl`."""
     args = _ctl_parser().parse_args(argv)
-    verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain}
+    verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain,
+             "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status}
     try:
         return verbs[args.verb](args)
+    except AdminUnavailable as exc:
+        print(f"gatewayctl: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except ConfigInvalid as exc:
         return _config_errors("gatewayctl", exc)
     except ConfigError as exc:

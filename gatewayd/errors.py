@@ -18,7 +18,6 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
 # Gateway codes live in the implementation-defined range -32000..-32019.
-CONFIRMATION_REQUIRED = -32010
 TOOL_SERVER_UNAVAILABLE = -32011
 CALL_TIMED_OUT = -32012
 AUDIT_UNAVAILABLE = -32013
@@ -113,11 +112,19 @@ class InternalError(GatewayError):
     structured = False
 
 
-class ConfirmationRequired(GatewayError):
-    """Raised when a call needs a person's confirmation that this gateway cannot yet ask for."""
+class ConfirmationDenied(GatewayError):
+    """Raised when the person asked to confirm a call said no; `data` has the approval id and reason."""
 
-    code = CONFIRMATION_REQUIRED
-    error_type = "confirmation_required"
+    code = CONFIRMATION_DENIED
+    error_type = "confirmation_denied"
+
+
+class ConfirmationExpired(GatewayError):
+    """Raised when nobody confirmed a call in time; retrying asks again."""
+
+    code = CONFIRMATION_EXPIRED
+    error_type = "confirmation_expired"
+    retryable = True
 
 
 class ToolServerUnavailable(GatewayError):

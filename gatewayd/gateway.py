@@ -20,11 +20,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatewayd import __version__, audit, jsonrpc, policy
-from gatewayd.config.models import MethodConfig
+from gatewayd import __version__, approvals, audit, jsonrpc, policy
+from gatewayd.config.models import ConfirmOptions, MethodConfig
 from gatewayd.errors import (
     ArgumentsRefused,
-    ConfirmationRequired,
+    ConfirmationDenied,
+    ConfirmationExpired,
     GatewayError,
     InternalError,
     InvalidParams,
@@ -34,7 +35,7 @@ from gatewayd.errors import (
     UnknownTool,
     UpstreamError,
 )
-from gatewayd.jsonrpc import Notification, Request
+from gatewayd.jsonrpc import Notification, Request, Response
 from gatewayd.policy import Decision, Principal
 from gatewayd.sessions import LOG_LEVELS, Session, Sessions
 from gatewayd.upstream.pool import Pool
@@ -49,15 +50,32 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SERVER_INFO = {"name": "gatewayd", "version": __version__}
 
 Emit = Callable[[dict[str, Any]], None]
+# Registers a callback for when the caller's connection goes away; returns a function that unregisters it.
+OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+
+# Arguments shown in an elicitation message are cut here; the full arguments are on the operators' channels.
+ELICIT_ARGUMENTS_CHARS = 2000
+# The one field of the form a client's user answers.
+ELICIT_FIELD = "approve"
+ELICIT_SCHEMA = {
+    "type": "object",
+    "properties": {ELICIT_FIELD: {
+        "type": "boolean", "title": "Run this call once",
+        "description": "Let this call run once, with exactly these arguments.", "default": False,
+    }},
+    "required": [ELICIT_FIELD],
+}
 
 
 @dataclass
 class CallContext:
-    """Who is calling, in which session, and where the call's notifications go (None: nowhere)."""
+    """Who is calling, in which session, where the call's notifications go (None: nowhere), and how to
+    learn that the caller went away (None: never known)."""
 
     principal: Principal
     session: Session | None = None
     emit: Emit | None = None
+    on_disconnect: OnDisconnect | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,8 @@ class _CallInfo:
     arguments: Any = None
     started: float = field(default_factory=time.monotonic)
     trace: str = ""
+    # Set when the call needs a person's yes before it runs.
+    confirm: ConfirmOptions | None = None
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
         """An audit record of this call; its records share one trace id."""
@@ -123,7 +143,12 @@ class Gateway:
         self.pool = pool
         self.sessions = sessions
         self.audit = audit_log or audit.AuditLog(None)
+        self.approvals = approvals.Approvals()
+        # Where a person can approve on the web, told to waiting callers (None: no page).
+        self.approval_url: str | None = None
         self.separator = tool_name_separator
+        # Elicitations sent to callers, by (client, session id, request id): who gets the client's answer.
+        self._elicitations: dict[tuple[str, str, str], Callable[[Response], None]] = {}
         self._inflight: dict[tuple[str, str, str], _Inflight] = {}
         self._calls: set[_Inflight] = set()
         self.closing = False
@@ -161,6 +186,15 @@ class Gateway:
             await self._outcome(info, "sent")
         except GatewayError as exc:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
+
+    def answer(self, ctx: CallContext, message: Response) -> None:
+        """A client's response to a request the gateway sent it (an elicitation); anything else is dropped."""
+        session = ctx.session.id if ctx.session else ""
+        deliver = self._elicitations.pop((ctx.principal.name, session, json.dumps(message.id)), None)
+        if deliver is None:
+            logger.debug("client=%s response to unknown id %.64r dropped", ctx.principal.name, message.id)
+            return
+        deliver(message)
 
     async def _route(self, ctx: CallContext, message: Request) -> Any:
         method = message.method
@@ -219,8 +253,9 @@ class Gateway:
     ) -> Target:
         """The one decision for a call, recorded before anything runs.
 
-        Deny and absence raise `unknown` alike; confirm is refused for now; a dangerous call runs only
-        once its decision is durably in the audit log.
+        Deny and absence raise `unknown` alike; a call that needs confirmation gets `info.confirm` and waits
+        for a person once tracked (_confirm); a dangerous call runs only once its decision is durably in the
+        audit log.
         """
         info.arguments = arguments
         server = self.pool.get(server_name)
@@ -246,9 +281,8 @@ class Gateway:
                                    f"{verdict.rule.check}", {"rule": rule})
         if verdict.decision is Decision.CONFIRM:
             await self._decided(info, "confirm", rule=rule, reason=verdict.reason, durable=True)
-            # The confirmation gate is not built yet: a call that needs a person never runs.
-            raise ConfirmationRequired(f"{target.canonical} needs a person's confirmation",
-                                       {"method": target.canonical, "reason": verdict.reason})
+            info.confirm = policy.confirm_options(info.ctx.principal, verdict, target.canonical)
+            return target
         await self._decided(info, "allow", rule=rule, durable=server.config.is_dangerous(method))
         return target
 
@@ -356,6 +390,90 @@ class Gateway:
             server, target.method, server.config.methods[target.method], params, events, progress
         )
 
+    # -- confirmation ----------------------------------------------------------------------
+
+    async def _confirm(self, info: _CallInfo, options: ConfirmOptions) -> None:
+        """Hold the call until a person approves it; raise if they deny, nobody answers, or the caller goes.
+
+        Operators are always asked (gatewayctl, and the web page if the policy says so); the caller's own user
+        too when its session can answer an elicitation on this call's stream.
+        """
+        ctx = info.ctx
+        channels = frozenset(options.channels)
+        ask_client = approvals.CLIENT in channels and ctx.emit is not None and ctx.session is not None \
+            and ctx.session.supports_form_elicitation()
+        approval = self.approvals.open(
+            client=ctx.principal.name, method=info.method, arguments=info.arguments,
+            params_sha256=audit.params_hash(info.arguments), session_id=ctx.session.id if ctx.session else None,
+            channels=channels if ask_client else channels - {approvals.CLIENT}, timeout=options.timeout,
+        )
+        undo: list[Callable[[], None]] = []
+        try:
+            await self._audit_approval(info, "approval_requested", approval, durable=True)
+            undo.extend(self._withdraw_when_gone(ctx, approval))
+            self._announce(ctx, approval)
+            if ask_client:
+                undo.append(self._elicit(ctx, approval))
+            await self.approvals.wait(approval)
+        finally:
+            for step in undo:
+                step()
+        await self._audit_approval(info, "approval_decided", approval, durable=True)
+        _raise_unless_approved(approval)
+
+    def _withdraw_when_gone(self, ctx: CallContext, approval: approvals.Approval) -> list[Callable[[], None]]:
+        """Withdraw the approval if the caller disconnects or its session ends; returns how to stop watching."""
+        undo = []
+        if ctx.on_disconnect is not None:
+            undo.append(ctx.on_disconnect(lambda: self.approvals.withdraw(approval, "the caller disconnected")))
+        if ctx.session is not None:
+            undo.append(ctx.session.on_end(lambda: self.approvals.withdraw(approval, "the caller's session ended")))
+        return undo
+
+    def _announce(self, ctx: CallContext, approval: approvals.Approval) -> None:
+        """Tell an SSE caller its call waits for approval: which id, until when, and where to approve it."""
+        if ctx.emit is None or (ctx.session is not None and not ctx.session.wants_log("notice")):
+            return
+        data = {"event": "approval_pending", "approval_id": approval.id, "method": approval.method,
+                "deadline": approval.deadline, "approve_with": f"gatewayctl approve {approval.id}"}
+        if self.approval_url and approvals.WEB in approval.channels:
+            data["approval_page"] = self.approval_url
+        ctx.emit({"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": "notice", "logger": "gatewayd.approvals", "data": data}})
+
+    def _elicit(self, ctx: CallContext, approval: approvals.Approval) -> Callable[[], None]:
+        """Ask the caller's user on the call's stream; their answer decides like an operator's would."""
+        assert ctx.emit is not None and ctx.session is not None
+        request_id = f"gatewayd-approval-{approval.id}"
+        key = (ctx.principal.name, ctx.session.id, json.dumps(request_id))
+        shown = json.dumps(approval.arguments, ensure_ascii=False)
+        if len(shown) > ELICIT_ARGUMENTS_CHARS:
+            shown = shown[:ELICIT_ARGUMENTS_CHARS] + f"… ({len(shown) - ELICIT_ARGUMENTS_CHARS} more characters)"
+        message = (f"{approval.client} wants to run {approval.method} with arguments {shown}. "
+                   f"Allow it to run once? (approval {approval.id})")
+        who = f"the user of client {approval.client} (elicitation)"
+
+        def deliver(response: Response) -> None:
+            approve, reason = _elicitation_verdict(response)
+            self.approvals.decide(approval.id, approve=approve, by=who, channel=approvals.CLIENT, reason=reason)
+
+        self._elicitations[key] = deliver
+        ctx.emit({"jsonrpc": "2.0", "id": request_id, "method": "elicitation/create",
+                  "params": {"mode": "form", "message": message, "requestedSchema": ELICIT_SCHEMA}})
+        return lambda: self._elicitations.pop(key, None) and None
+
+    async def _audit_approval(self, info: _CallInfo, event: str, approval: approvals.Approval, *,
+                              durable: bool) -> None:
+        if not self.audit.enabled:
+            return
+        fields: dict[str, Any] = {"approval_id": approval.id, "state": approval.state.value}
+        if approval.state is approvals.State.PENDING:
+            fields.update(channels=sorted(approval.channels), timeout_s=approval.timeout,
+                          params_sha256=approval.params_sha256)
+        else:
+            fields.update(decided_by=approval.decided_by, channel=approval.channel, reason=approval.reason)
+        await self.audit.record(info.record(event, **fields), durable=durable)
+
     # -- cancellation ----------------------------------------------------------------------
 
     async def _tracked(self, info: _CallInfo, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -382,6 +500,8 @@ class Gateway:
         self._inflight[key] = entry
         self._calls.add(entry)
         try:
+            if info.confirm is not None:
+                await self._confirm(info, info.confirm)
             return await call()
         except asyncio.CancelledError:
             # Our own cancel (client or shutdown) becomes an answer; anyone else's propagates.
@@ -414,6 +534,31 @@ class Gateway:
         if entry is not None:
             logger.info("client=%s cancelled request %.64r", ctx.principal.name, params["requestId"])
             entry.stop(RequestCancelled("the request was cancelled by the client"))
+
+
+def _elicitation_verdict(response: Response) -> tuple[bool, str | None]:
+    """(approve?, reason) from a client's answer to the approval elicitation: only accept + yes approves."""
+    if response.error is not None:
+        return False, "the client answered the question with an error"
+    result = response.result if isinstance(response.result, dict) else {}
+    action = result.get("action")
+    content = result.get("content")
+    if action == "accept" and isinstance(content, dict) and content.get(ELICIT_FIELD) is True:
+        return True, None
+    if action in ("decline", "cancel"):
+        return False, f"the client's user chose {action}"
+    return False, "the client's user did not say yes"
+
+
+def _raise_unless_approved(approval: approvals.Approval) -> None:
+    data = {"approval_id": approval.id, "reason": approval.reason, "decided_by": approval.decided_by}
+    if approval.state is approvals.State.APPROVED:
+        return
+    if approval.state is approvals.State.DENIED:
+        raise ConfirmationDenied(f"{approval.method}: the confirmation was denied", data)
+    if approval.state is approvals.State.EXPIRED:
+        raise ConfirmationExpired(f"{approval.method}: nobody confirmed the call in time", data)
+    raise RequestCancelled(f"{approval.method}: the approval was withdrawn ({approval.reason})", data)
 
 
 CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "

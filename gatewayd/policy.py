@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from gatewayd.config.loader import Snapshot
-from gatewayd.config.models import METHOD_NAME, ArgRule, ClientLimits, Role
+from gatewayd.config.models import METHOD_NAME, ArgRule, ClientLimits, ConfirmOptions, Role
 
 CANONICAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_./-]+")
 # A policy file's place in a decision when no file is known (tests, built-in principals).
@@ -49,12 +49,13 @@ class Grant:
     allow: tuple[str, ...] = ()
     confirm: tuple[str, ...] = ()
     args: tuple[tuple[str, tuple[tuple[str, ArgRule], ...]], ...] = ()
+    confirmation: tuple[tuple[str, ConfirmOptions], ...] = ()
 
     @classmethod
     def from_role(cls, name: str, file: str, role: Role) -> Grant:
         """A grant from a configured role."""
         args = tuple((pattern, tuple(rules.items())) for pattern, rules in role.args.items())
-        return cls(name, file, tuple(role.allow), tuple(role.confirm), args)
+        return cls(name, file, tuple(role.allow), tuple(role.confirm), args, tuple(role.confirmation.items()))
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,20 @@ def _verdict(allowed: Rule | None, confirmed: Rule | None, refusal: Verdict | No
     if confirm_required:
         return Verdict(Decision.CONFIRM, granted, "its tools.d definition requires confirmation")
     return Verdict(Decision.ALLOW, granted)
+
+
+def confirm_options(principal: Principal, verdict: Verdict, target: str) -> ConfirmOptions:
+    """How to ask a person about a CONFIRM verdict: the granting role's first `confirmation` pattern that
+    matches `target`, else the first such pattern of any role of the principal, else the defaults."""
+    granting = [g for g in principal.grants if verdict.rule is not None and g.role == verdict.rule.role]
+    for grant in (*granting, *principal.grants):
+        for pattern, options in grant.confirmation:
+            if matches(pattern, target):
+                return options
+    return DEFAULT_CONFIRM_OPTIONS
+
+
+DEFAULT_CONFIRM_OPTIONS = ConfirmOptions()
 
 
 def _broken_rule(grant: Grant, target: str, params: Any) -> tuple[str, str, str] | None:

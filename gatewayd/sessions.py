@@ -47,6 +47,32 @@ class Session:
         default_factory=lambda: asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
     )
     stream_open: bool = False
+    # Called once when the session ends (DELETE, expiry): pending approvals of its calls are withdrawn.
+    _on_end: list[Callable[[], None]] = field(default_factory=list)
+    ended: bool = False
+
+    def on_end(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when the session ends (at once if it has); returns a function that cancels this."""
+        if self.ended:
+            callback()
+            return _nothing
+        self._on_end.append(callback)
+        return lambda: self._on_end.remove(callback) if callback in self._on_end else None
+
+    def end(self) -> None:
+        """The session is over: tell whoever asked, and end its GET stream."""
+        if self.ended:
+            return
+        self.ended = True
+        callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            callback()
+        self.push(None)
+
+    def supports_form_elicitation(self) -> bool:
+        """Whether the client declared MCP elicitation in form mode (`elicitation: {}` means form)."""
+        declared = self.capabilities.get("elicitation")
+        return isinstance(declared, dict) and (not declared or isinstance(declared.get("form"), dict))
 
     def push(self, message: dict[str, Any] | None) -> None:
         """Queue a notification for the GET stream (None ends it); the oldest is dropped when full."""
@@ -59,6 +85,10 @@ class Session:
         if level not in LOG_LEVELS:
             return True
         return LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.log_level)
+
+
+def _nothing() -> None:
+    return None
 
 
 def negotiate(requested: Any) -> str:
@@ -105,13 +135,15 @@ class Sessions:
 
     def delete(self, session_id: str) -> None:
         """End a session; its id answers 404 from now on."""
-        self._by_id.pop(session_id, None)
+        session = self._by_id.pop(session_id, None)
+        if session is not None:
+            session.end()
 
     def expire(self) -> None:
         """Forget sessions unused for `idle_timeout`."""
         cutoff = time.monotonic() - self.idle_timeout
         for session_id in [sid for sid, s in self._by_id.items() if s.last_used < cutoff and not s.stream_open]:
-            del self._by_id[session_id]
+            self.delete(session_id)
 
     def broadcast(self, message: dict[str, Any], to: Callable[[Session], bool] | None = None) -> None:
         """Queue a notification for the GET stream of every session (that `to` accepts)."""

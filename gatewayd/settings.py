@@ -90,6 +90,15 @@ class Settings(BaseSettings):
         description="append-only JSON Lines audit log, relative to config_dir; empty turns auditing off "
         "(then dangerous calls are not refused for want of a record)",
     )
+    admin_socket: str = Field(
+        "gatewayd.sock",
+        description="unix socket of the admin API (gatewayctl), relative to config_dir; empty turns it off",
+    )
+    # Only the daemon's own user may drive it unless the operator opens it to a group on purpose.
+    admin_socket_mode: str = Field("0600", pattern=r"^0?[0-7]{3}$", description="file mode of the admin socket")
+    admin_socket_group: str = Field("", description="group owning the admin socket (empty: the daemon's)")
+    # A person who leaves the approval page open sees it live; the page itself holds no data without a token.
+    approval_page: bool = Field(True, description="serve the web approval page at /approvals (operator tokens)")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
     shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
 
@@ -111,6 +120,12 @@ class Settings(BaseSettings):
         if not self.audit_path:
             return None
         return self.config_dir / self.audit_path
+
+    def admin_socket_path(self) -> Path | None:
+        """Where the admin socket listens, or None when it is off."""
+        if not self.admin_socket:
+            return None
+        return self.config_dir / self.admin_socket
 
     def hosts(self, port: int) -> list[str]:
         """The Host header values to accept once the real port is known."""

@@ -7,6 +7,7 @@ URL is read from its own "listening on" log line. Every wait here has a deadline
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -158,3 +159,31 @@ async def rpc(
         assert response.status == 200, await response.text()
         body: dict[str, Any] = await response.json()
         return body
+
+
+# Time one gatewayctl run may take.
+GATEWAYCTL_DEADLINE = 30.0
+
+
+async def gatewayctl(config_dir: Path, *args: str) -> tuple[int, str, str]:
+    """Run the real `gatewayctl --config-dir DIR ARGS…`: (exit status, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "gatewayctl"), "--config-dir", str(config_dir), *args,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=daemon_env(), cwd=str(config_dir),
+    )
+    async with asyncio.timeout(GATEWAYCTL_DEADLINE):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def pending_approvals(config_dir: Path, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Poll `gatewayctl approvals --json` until at least `count` calls wait; their views, oldest first."""
+    async with asyncio.timeout(timeout):
+        while True:
+            code, out, err = await gatewayctl(config_dir, "approvals", "--json")
+            assert code == 0, err
+            pending: list[dict[str, Any]] = json.loads(out)
+            if len(pending) >= count:
+                return pending

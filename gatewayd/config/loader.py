@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gatewayd.config.models import SERVER_NAME, Client, PolicyFile, Role, ServerConfig
+from gatewayd.config.models import SERVER_NAME, Client, Operator, PolicyFile, Role, ServerConfig
 from gatewayd.errors import ConfigError
 
 TOOLS_DIR = "tools.d"
@@ -41,6 +41,7 @@ class Snapshot:
     servers: dict[str, ServerConfig]
     roles: dict[str, Role]
     clients: dict[str, Client]
+    operators: dict[str, Operator] = field(default_factory=dict)
     # Which file defined each role and client, so errors and `explain` can name it.
     sources: dict[str, str] = field(default_factory=dict)
     config_dir: Path = Path(".")
@@ -149,13 +150,19 @@ def _merge(
         sources[key] = str(path)
 
 
-def load_policies(
-    directory: Path, errors: list[ConfigError]
-) -> tuple[dict[str, Role], dict[str, Client], dict[str, str]]:
+@dataclass
+class Policies:
+    """Every policy file merged."""
+
+    roles: dict[str, Role] = field(default_factory=dict)
+    clients: dict[str, Client] = field(default_factory=dict)
+    operators: dict[str, Operator] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def load_policies(directory: Path, errors: list[ConfigError]) -> Policies:
     """All policy files merged; a name defined twice is an error naming both files."""
-    roles: dict[str, Role] = {}
-    clients: dict[str, Client] = {}
-    sources: dict[str, str] = {}
+    merged = Policies()
     for path in config_files(directory):
         loaded = _read_toml(path, errors)
         if loaded is None:
@@ -163,29 +170,30 @@ def load_policies(
         policy = _validate(PolicyFile, path, *loaded, errors)
         if policy is None:
             continue
-        _merge("roles", policy.roles.items(), path, roles, sources, errors)
-        _merge("clients", policy.clients.items(), path, clients, sources, errors)
-    _check_references(roles, clients, sources, errors)
-    return roles, clients, sources
+        _merge("roles", policy.roles.items(), path, merged.roles, merged.sources, errors)
+        _merge("clients", policy.clients.items(), path, merged.clients, merged.sources, errors)
+        _merge("operators", policy.operators.items(), path, merged.operators, merged.sources, errors)
+    _check_references(merged, errors)
+    return merged
 
 
-def _check_references(
-    roles: dict[str, Role], clients: dict[str, Client], sources: dict[str, str], errors: list[ConfigError]
-) -> None:
-    seen_tokens: dict[str, str] = {}
-    for name, client in clients.items():
-        source = sources[f"clients.{name}"]
+def _check_references(policies: Policies, errors: list[ConfigError]) -> None:
+    for name, client in policies.clients.items():
         errors.extend(
-            ConfigError(source, f"clients.{name}.roles", f"no such role {role!r}")
+            ConfigError(policies.sources[f"clients.{name}"], f"clients.{name}.roles", f"no such role {role!r}")
             for role in client.roles
-            if role not in roles
+            if role not in policies.roles
         )
-        for digest in client.token_sha256:
+    # One token, one identity: in particular an agent's token is never also an operator's.
+    seen_tokens: dict[str, str] = {}
+    holders = [("clients", n, c.token_sha256) for n, c in policies.clients.items()]
+    holders += [("operators", n, o.token_sha256) for n, o in policies.operators.items()]
+    for kind, name, digests in holders:
+        for digest in digests:
             if digest in seen_tokens:
-                errors.append(
-                    ConfigError(source, f"clients.{name}.token_sha256", f"same token as client {seen_tokens[digest]!r}")
-                )
-            seen_tokens[digest] = name
+                errors.append(ConfigError(policies.sources[f"{kind}.{name}"], f"{kind}.{name}.token_sha256",
+                                          f"same token as {seen_tokens[digest]}"))
+            seen_tokens[digest] = f"{kind[:-1]} {name!r}"
 
 
 def load_snapshot(config_dir: Path) -> Snapshot:
@@ -195,7 +203,8 @@ def load_snapshot(config_dir: Path) -> Snapshot:
     if not tools_dir.is_dir():
         errors.append(ConfigError(str(tools_dir), "", "directory not found"))
     servers = load_servers(tools_dir, errors)
-    roles, clients, sources = load_policies(config_dir / POLICIES_DIR, errors)
+    policies = load_policies(config_dir / POLICIES_DIR, errors)
     if errors:
         raise ConfigInvalid(errors)
-    return Snapshot(servers=servers, roles=roles, clients=clients, sources=sources, config_dir=config_dir)
+    return Snapshot(servers=servers, roles=policies.roles, clients=policies.clients, operators=policies.operators,
+                    sources=policies.sources, config_dir=config_dir)

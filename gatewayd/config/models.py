@@ -150,16 +150,35 @@ class ArgRule(_Strict):
         return value
 
 
+# How long a call waits for a person by default, and the longest wait a policy may ask for.
+DEFAULT_CONFIRM_TIMEOUT = 60.0
+MAX_CONFIRM_TIMEOUT = 24 * 3600.0
+# Channels a confirmation may use besides `gatewayctl approve`, which always works:
+# the calling client's own user (MCP elicitation) and the daemon's web approval page.
+Channel = Literal["client", "web"]
+CONFIRM_CHANNELS: tuple[Channel, ...] = ("client", "web")
+
+
+class ConfirmOptions(_Strict):
+    """How a person is asked to confirm the calls a role's pattern matches."""
+
+    timeout: Duration = Field(DEFAULT_CONFIRM_TIMEOUT, gt=0, le=MAX_CONFIRM_TIMEOUT,
+                              description="no answer by then: denied as expired")
+    channels: list[Channel] = Field(default_factory=lambda: list(CONFIRM_CHANNELS))
+
+
 class Role(_Strict):
     """A named set of grants on canonical `server.method` names, and the argument rules that bound them.
 
     `args` maps a method pattern to {argument name: rules}: a call matched by the pattern is granted by
-    this role only if its arguments pass.
+    this role only if its arguments pass. `confirmation` maps a method pattern to how a person is asked
+    (timeout, channels) for calls of this role that need confirmation.
     """
 
     allow: list[str] = Field(default_factory=list)
     confirm: list[str] = Field(default_factory=list)
     args: dict[str, dict[str, ArgRule]] = Field(default_factory=dict)
+    confirmation: dict[str, ConfirmOptions] = Field(default_factory=dict)
 
     @field_validator("allow", "confirm")
     @classmethod
@@ -168,9 +187,9 @@ class Role(_Strict):
             _check_pattern(pattern)
         return value
 
-    @field_validator("args")
+    @field_validator("args", "confirmation")
     @classmethod
-    def _arg_patterns(cls, value: dict[str, dict[str, ArgRule]]) -> dict[str, dict[str, ArgRule]]:
+    def _keyed_by_pattern(cls, value: dict[str, Any]) -> dict[str, Any]:
         for pattern in value:
             _check_pattern(pattern)
         return value
@@ -190,12 +209,10 @@ class ClientLimits(_Strict):
     burst: int | None = Field(None, ge=1, description="calls allowed at once above the rate")
 
 
-class Client(_Strict):
-    """An agent identity: its token hashes, its roles and optional limits."""
+class _TokenHolder(_Strict):
+    """Something that authenticates with bearer tokens, kept only as SHA-256 digests."""
 
     token_sha256: list[str] = Field(default_factory=list)
-    roles: list[str] = Field(default_factory=list)
-    limits: ClientLimits = Field(default_factory=ClientLimits)
 
     @field_validator("token_sha256", mode="before")
     @classmethod
@@ -211,16 +228,31 @@ class Client(_Strict):
         return value
 
 
+class Client(_TokenHolder):
+    """An agent identity: its token hashes, its roles and optional limits."""
+
+    roles: list[str] = Field(default_factory=list)
+    limits: ClientLimits = Field(default_factory=ClientLimits)
+
+
+class Operator(_TokenHolder):
+    """A person who approves or denies confirmations on the web approval page (the admin role).
+
+    Operator tokens are a separate set from client tokens: an agent's token can never approve a call.
+    """
+
+
 class PolicyFile(_Strict):
     """One `policies/*.toml`; all such files are merged."""
 
     roles: dict[str, Role] = Field(default_factory=dict)
     clients: dict[str, Client] = Field(default_factory=dict)
+    operators: dict[str, Operator] = Field(default_factory=dict)
 
-    @field_validator("clients")
+    @field_validator("clients", "operators")
     @classmethod
-    def _client_names(cls, value: dict[str, Client]) -> dict[str, Client]:
+    def _client_names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:
             if not CLIENT_NAME.fullmatch(name):
-                raise ValueError(f"client name {name!r} may use only A-Z a-z 0-9 _ . -")
+                raise ValueError(f"name {name!r} may use only A-Z a-z 0-9 _ . -")
         return value

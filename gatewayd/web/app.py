@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gatewayd.errors import HttpError
-from gatewayd.web import limits, mcp_http
+from gatewayd.web import console, limits, mcp_http
 from gatewayd.web.mcp_http import STATE, WebState
 
 logger = logging.getLogger(__name__)
@@ -58,4 +58,6 @@ def create_app(state: WebState) -> web.Application:
     app.router.add_get(MCP_PATH, mcp_http.handle_get)
     app.router.add_delete(MCP_PATH, mcp_http.handle_delete)
     app.router.add_get("/healthz", _healthz)
+    if state.settings.approval_page:
+        console.add_routes(app)
     return app

@@ -32,28 +32,39 @@ def hash_token(token: str) -> str:
 
 
 class TokenTable:
-    """The clients of one snapshot, by token digest."""
+    """The clients and the operators of one snapshot, by token digest; the two sets never share a token."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._entries = [
             (bytes.fromhex(digest), name) for name, client in snapshot.clients.items() for digest in client.token_sha256
         ]
+        self._operators = [
+            (bytes.fromhex(digest), name) for name, op in snapshot.operators.items() for digest in op.token_sha256
+        ]
         self._principals: dict[str, Principal] = {name: principal_for(snapshot, name) for name in snapshot.clients}
 
     def authenticate(self, header: str | None) -> Principal:
         """The Principal for an `Authorization` header. Raises HttpError(401) for none or a wrong one."""
-        if not header:
-            raise HttpError(401, "missing bearer token", {"WWW-Authenticate": CHALLENGE})
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise HttpError(401, "expected: Authorization: Bearer <token>", {"WWW-Authenticate": CHALLENGE})
-        digest = hashlib.sha256(token.encode("utf-8")).digest()
-        found: str | None = None
-        # Compare against every entry so the time taken does not depend on which one matched.
-        for stored, name in self._entries:
-            if hmac.compare_digest(stored, digest):
-                found = name
-        if found is None:
-            raise HttpError(401, "invalid token", {"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'})
-        return self._principals[found]
+        return self._principals[_lookup(header, self._entries)]
+
+    def operator(self, header: str | None) -> str:
+        """The operator named by an `Authorization` header. Raises HttpError(401) otherwise (client tokens too)."""
+        return _lookup(header, self._operators)
+
+
+def _lookup(header: str | None, entries: list[tuple[bytes, str]]) -> str:
+    if not header:
+        raise HttpError(401, "missing bearer token", {"WWW-Authenticate": CHALLENGE})
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise HttpError(401, "expected: Authorization: Bearer <token>", {"WWW-Authenticate": CHALLENGE})
+    digest = hashlib.sha256(token.encode("utf-8")).digest()
+    found: str | None = None
+    # Compare against every entry so the time taken does not depend on which one matched.
+    for stored, name in entries:
+        if hmac.compare_digest(stored, digest):
+            found = name
+    if found is None:
+        raise HttpError(401, "invalid token", {"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'})
+    return found

@@ -110,6 +110,16 @@ class LimitedProtocol(RequestHandler):
         self._started_at: float | None = None
         self._header_timer: asyncio.Handle | None = None
         self._cut_after_response = False
+        # Told when the client goes away (a call waiting for approval is then withdrawn).
+        self._on_lost: list[Callable[[], None]] = []
+
+    def on_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when this connection closes (at once if it has); returns how to cancel that."""
+        if self.transport is None or self.transport.is_closing():
+            callback()
+            return _nothing
+        self._on_lost.append(callback)
+        return lambda: self._on_lost.remove(callback) if callback in self._on_lost else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._gate.admit():
@@ -128,6 +138,9 @@ class LimitedProtocol(RequestHandler):
         self._admitted = False
         self._gate.release()
         self._stop_clock()
+        callbacks, self._on_lost = self._on_lost, []
+        for callback in callbacks:
+            callback()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -295,6 +308,19 @@ class LimitedRunner(web.AppRunner):
             handler_cancellation=self._handler_cancellation,
             **self._protocol_kwargs,
         )
+
+
+def on_disconnect(request: web.BaseRequest, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` when the request's client disconnects; returns how to cancel that. Served by a plain
+    aiohttp server (its test utilities), a disconnect is never reported."""
+    protocol = request.protocol
+    if isinstance(protocol, LimitedProtocol):
+        return protocol.on_lost(callback)
+    return _nothing
+
+
+def _nothing() -> None:
+    return None
 
 
 # -- the body deadline and the per-client slot, around every request -----------------------------

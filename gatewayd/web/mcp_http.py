@@ -9,6 +9,7 @@ GET stream. Does not own routing or policy (gateway.py) or tokens (auth.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         return _initialize(state, principal, body.messages[0])
     needs_session = any(_needs_session(message) for message in body.messages)
     session = _session_for(request, principal, required=needs_session)
-    ctx = CallContext(principal, session)
+    ctx = CallContext(principal, session, on_disconnect=functools.partial(limits.on_disconnect, request))
     requests = await _take_non_requests(state.gateway, ctx, body.messages)
     if not requests:
         return web.Response(status=202)
@@ -147,7 +148,7 @@ async def _take_non_requests(
         if isinstance(message, Notification):
             await gateway.notify(ctx, message)
         elif isinstance(message, Response):
-            logger.debug("client=%s response to id %.64r ignored", ctx.principal.name, message.id)
+            gateway.answer(ctx, message)
         else:
             answerable.append(message)
     return answerable
@@ -234,5 +235,4 @@ async def handle_delete(request: web.Request) -> web.Response:
     session = _session_for(request, principal, required=True)
     assert session is not None
     state.sessions.delete(session.id)
-    session.push(None)
     return web.Response(status=204)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from gatewayd.config.edit import set_client_token
 from gatewayd.web.auth import hash_token, new_token
-from tests.daemon import REPO, Daemon, rpc
+from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, rpc
 
 
 @pytest.fixture
@@ -40,10 +41,31 @@ async def test_shipped_clock_is_started_eagerly_and_answers(
     assert body["result"]["structuredContent"]["timezone"] == "UTC"
 
 
-async def test_shipped_policy_refuses_shell_run_until_confirmed(
+async def test_shipped_shell_run_waits_for_an_operator(
     shipped: tuple[Daemon, str], http: aiohttp.ClientSession
 ) -> None:
     daemon, token = shipped
-    body = await rpc(http, daemon.url, token, "shell.run", {"command": "echo hi"})
-    assert body["error"]["code"] == -32010
-    assert body["error"]["data"]["error_type"] == "confirmation_required"
+    call = asyncio.create_task(rpc(http, daemon.url, token, "shell.run", {"command": "echo approved"}))
+    [pending] = await pending_approvals(daemon.config_dir)
+    assert (pending["client"], pending["method"], pending["arguments"]) == ("laptop", "shell.run",
+                                                                             {"command": "echo approved"})
+    code, out, _ = await gatewayctl(daemon.config_dir, "approve", pending["id"])
+    assert code == 0 and "approved" in out
+    body = await call
+    assert body["result"]["structuredContent"] == {"exit_code": 0, "output": "approved\n"}
+    # Single use: approving again changes nothing and says so.
+    code, _, err = await gatewayctl(daemon.config_dir, "approve", pending["id"])
+    assert code == 1 and "already approved" in err
+
+
+async def test_shipped_shell_run_denied_never_runs(
+    shipped: tuple[Daemon, str], http: aiohttp.ClientSession
+) -> None:
+    daemon, token = shipped
+    call = asyncio.create_task(rpc(http, daemon.url, token, "shell.run", {"command": "echo never"}))
+    [pending] = await pending_approvals(daemon.config_dir)
+    code, out, _ = await gatewayctl(daemon.config_dir, "deny", pending["id"], "--reason", "not today")
+    assert code == 0 and "denied" in out
+    error = (await call)["error"]
+    assert error["code"] == -32015
+    assert error["data"]["approval_id"] == pending["id"] and error["data"]["reason"] == "not today"

@@ -25,12 +25,17 @@ protocol = "jsonrpc"
 [methods.crash]
 confirm = true
 """
+# Nobody answers confirmations here: a confirm-gated call expires quickly and never reaches the child.
 ROLES = """
 [roles.all]
 allow = ["spy.*"]
+[roles.all.confirmation."spy.*"]
+timeout = "50ms"
 [roles.echo]
 allow = ["spy.echo"]
 confirm = ["spy.pid"]
+[roles.echo.confirmation."spy.*"]
+timeout = "50ms"
 """
 CLIENTS = {"all": ["all"], "echo": ["echo"], "none": []}
 METHODS = ["echo", "pid", "crash", "nosuch"]
@@ -93,7 +98,7 @@ def outcome(answer: dict[str, Any], unknown_code: int) -> str:
     if "result" in answer:
         return "runs"
     code = answer["error"]["code"]
-    if code == -32010:
+    if code == -32016:  # confirmation expired: it waited for a person who never came
         return "confirm"
     assert code == unknown_code, answer
     return "unknown"

@@ -37,6 +37,8 @@ allow = ["calc.*"]
 allow = ["fault.*"]
 [roles.confirm]
 confirm = ["calc.divide"]
+[roles.confirm.confirmation."calc.*"]
+timeout = "50ms"
 """
 
 
@@ -159,7 +161,7 @@ async def test_denied_method_looks_exactly_like_an_unknown_one(stack: Stack) -> 
 
 async def test_tool_servers_own_errors_pass_through_on_direct_calls(stack: Stack) -> None:
     body = await (await stack.post(call("calc.divide", {"a": 1, "b": 0}))).json()
-    assert body["error"]["code"] == -32010  # calc.divide is confirm-gated for `full`
+    assert body["error"]["code"] == -32016  # calc.divide is confirm-gated for `full`; nobody confirms
     body = await (await stack.post(call("calc.divide", {"a": 1, "b": 0}), who="calc_only")).json()
     assert body["error"] == {"code": -32000, "message": "division by zero"}
 

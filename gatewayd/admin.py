@@ -1,0 +1,190 @@
+"""The admin API on a unix socket: what `gatewayctl` talks to, both ends.
+
+Owns the socket (path, file mode, group, refusing to start over a live daemon's socket and
+replacing a stale one), who is calling (the peer's uid from SO_PEERCRED, named in logs and in
+approval decisions), the admin routes (JSON over HTTP/1.1), and `AdminClient`, the one way the
+command line reaches them. Access control is the socket file's permissions: mode 0600 by default,
+so only the daemon's user and root. Nothing here is reachable on the public port.
+
+Routes: GET /v1/status, GET /v1/approvals, POST /v1/approvals/{id}/approve, POST
+/v1/approvals/{id}/deny (body {"reason": "..."} optional).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import logging
+import os
+import pwd
+import socket
+import stat
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gatewayd import __version__, approvals
+from gatewayd.gateway import Gateway
+from gatewayd.sessions import Sessions
+
+logger = logging.getLogger(__name__)
+
+API = "/v1"
+# An operator's reason is a sentence, not a document.
+MAX_REASON_CHARS = 500
+# Admin requests are tiny; anything bigger is a mistake.
+MAX_BODY_BYTES = 64 * 1024
+# gatewayctl waits this long for an answer: every admin verb answers at once.
+CLIENT_TIMEOUT = 30.0
+# Probing whether an existing socket belongs to a live daemon.
+PROBE_TIMEOUT = 1.0
+
+GATEWAY = web.AppKey("gateway", Gateway)
+SESSIONS = web.AppKey("sessions", Sessions)
+STARTED = web.AppKey("started", float)
+
+
+class AdminUnavailable(Exception):
+    """gatewayctl cannot reach the daemon; the message says why and what to do."""
+
+
+# -- server ----------------------------------------------------------------------------------
+
+
+def create_app(gateway: Gateway, sessions: Sessions) -> web.Application:
+    """The admin application."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[GATEWAY] = gateway
+    app[SESSIONS] = sessions
+    app[STARTED] = time.time()
+    app.router.add_get(f"{API}/status", _status)
+    app.router.add_get(f"{API}/approvals", _approvals)
+    app.router.add_post(API + "/approvals/{id}/{verdict:approve|deny}", _decide)
+    return app
+
+
+def prepare_socket(path: Path) -> None:
+    """Make room for the socket: refuse if a live daemon answers on it, remove it if stale."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise OSError(f"admin socket path {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)
+        return
+    finally:
+        probe.close()
+    raise OSError(f"another gatewayd is listening on the admin socket {path}")
+
+
+def secure_socket(path: Path, mode: int, group: str) -> None:
+    """Give the socket its mode and group. Called right after bind, which ran under a umask of 0177."""
+    if group:
+        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+    os.chmod(path, mode)
+
+
+def peer(request: web.Request) -> str:
+    """Who is on the other end of the socket: 'uid 1000 (alice)'."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None:
+        return "unknown peer"
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except OSError:
+        return "unknown peer"
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+    return f"uid {uid} ({name})"
+
+
+async def _status(request: web.Request) -> web.Response:
+    gateway, sessions = request.app[GATEWAY], request.app[SESSIONS]
+    servers = {name: server.status() for name, server in sorted(gateway.pool.servers.items())}
+    return web.json_response({
+        "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
+        "servers": servers, "sessions": len(sessions), "pending_approvals": len(gateway.approvals),
+        "audit": gateway.audit.status(),
+    })
+
+
+async def _approvals(request: web.Request) -> web.Response:
+    pending = request.app[GATEWAY].approvals.pending()
+    return web.json_response({"approvals": [approval.view() for approval in pending]})
+
+
+async def _decide(request: web.Request) -> web.Response:
+    approve = request.match_info["verdict"] == "approve"
+    reason = await _reason(request)
+    by = f"operator {peer(request)} (gatewayctl)"
+    answer = request.app[GATEWAY].approvals.decide(request.match_info["id"], approve=approve, by=by,
+                                                   channel=approvals.CLI, reason=reason)
+    if answer.ok:
+        logger.info("%s: %s", by, answer.message)
+    status = 200 if answer.ok else 404 if answer.approval is None else 409
+    view = answer.approval.view() if answer.approval is not None else None
+    return web.json_response({"ok": answer.ok, "message": answer.message, "approval": view}, status=status)
+
+
+async def _reason(request: web.Request) -> str | None:
+    if not request.can_read_body:
+        return None
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text="body must be JSON: {\"reason\": \"...\"}") from exc
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return str(reason)[:MAX_REASON_CHARS] if reason else None
+
+
+# -- client ----------------------------------------------------------------------------------
+
+
+class AdminClient:
+    """gatewayctl's side: one request to the daemon's admin socket, answered as (status, JSON body)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def call(self, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        """Send one admin request. Raises AdminUnavailable with a readable reason if the daemon is unreachable."""
+        self._check_socket()
+        connector = aiohttp.UnixConnector(path=str(self.path))
+        timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT)
+        try:
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
+                    session.request(method, f"http://gatewayd{API}{route}", json=body) as response:
+                text = await response.text()
+        except aiohttp.ClientConnectorError as exc:
+            raise AdminUnavailable(self._why(exc.os_error)) from exc
+        except TimeoutError as exc:
+            raise AdminUnavailable(f"gatewayd did not answer on {self.path} within {CLIENT_TIMEOUT:g}s") from exc
+        with contextlib.suppress(ValueError):
+            return response.status, json.loads(text)
+        return response.status, {"ok": False, "message": text.strip()}
+
+    def _check_socket(self) -> None:
+        if not self.path.exists():
+            raise AdminUnavailable(f"gatewayd is not running: no admin socket at {self.path} "
+                                   "(start it, or pass --socket / set GATEWAYD_ADMIN_SOCKET)")
+
+    def _why(self, error: OSError) -> str:
+        if isinstance(error, PermissionError):
+            return f"permission denied on {self.path}: run gatewayctl as the daemon's user or root"
+        if isinstance(error, ConnectionRefusedError | FileNotFoundError):
+            return f"gatewayd is not running: nothing listens on {self.path}"
+        return f"cannot reach gatewayd on {self.path}: {error.strerror or error}"

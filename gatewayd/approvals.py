@@ -1,0 +1,210 @@
+"""Calls waiting for a person: open, wait, decide, expire, withdraw.
+
+Owns the registry of pending confirmations, their ids and deadlines, the exactly-once decision
+(the first of approve, deny, expiry and withdrawal wins; the others are told what happened),
+which channels may answer an approval, and telling watchers (the web page's live list) about
+every change. An approval belongs to one call: its client, method and the hash of its canonical
+arguments. It is used once, by that call; another call, even with the same arguments, needs its
+own. Does not own how the question reaches a person (gateway.py: elicitation; admin.py:
+gatewayctl; web/console.py: the page) nor the audit records (gateway.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatewayd.errors import Overloaded
+
+logger = logging.getLogger(__name__)
+
+# Channels: `gatewayctl approve` on the admin socket always works; the others are per policy.
+CLI = "cli"
+CLIENT = "client"
+WEB = "web"
+# Ids are typed after `gatewayctl approve`: short, random, never reused while remembered.
+ID_BYTES = 5
+# A flood of confirm-gated calls must not grow memory without bound: past this, new ones are refused.
+MAX_PENDING = 1000
+# Finished approvals kept so a late answer is told what happened instead of "no such approval".
+FINISHED_KEPT = 1000
+# A watcher (the web page's stream) this far behind is dropped; it reconnects and reads the list again.
+WATCHER_BACKLOG = 1000
+
+
+class State(enum.Enum):
+    """Where an approval stands; every state but PENDING is final."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+@dataclass(eq=False)
+class Approval:
+    """One call waiting for a person."""
+
+    id: str
+    client: str
+    method: str
+    arguments: Any
+    params_sha256: str
+    session_id: str | None
+    channels: frozenset[str]
+    timeout: float
+    created: float = field(default_factory=time.time)
+    state: State = State.PENDING
+    decided_by: str | None = None
+    channel: str | None = None
+    reason: str | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def deadline(self) -> float:
+        """Wall-clock time (epoch seconds) after which it expires."""
+        return self.created + self.timeout
+
+    def view(self) -> dict[str, Any]:
+        """What operators are shown (gatewayctl, the web page): everything but the session id."""
+        now = time.time()
+        return {
+            "id": self.id, "client": self.client, "method": self.method, "arguments": self.arguments,
+            "params_sha256": self.params_sha256, "state": self.state.value, "channels": sorted(self.channels),
+            "created": self.created, "deadline": self.deadline, "age_s": round(now - self.created, 3),
+            "expires_in_s": round(max(0.0, self.deadline - now), 3),
+            "decided_by": self.decided_by, "channel": self.channel, "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a person who answered is told."""
+
+    ok: bool
+    message: str
+    approval: Approval | None = None
+
+
+class Approvals:
+    """Every pending approval, and those recently finished."""
+
+    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+        self.max_pending = max_pending
+        self._pending: dict[str, Approval] = {}
+        self._finished: collections.OrderedDict[str, Approval] = collections.OrderedDict()
+        self._watchers: set[asyncio.Queue[dict[str, Any] | None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def pending(self) -> list[Approval]:
+        """Pending approvals, oldest first."""
+        return sorted(self._pending.values(), key=lambda a: a.created)
+
+    def get(self, approval_id: str) -> Approval | None:
+        """A pending or remembered approval."""
+        return self._pending.get(approval_id) or self._finished.get(approval_id)
+
+    def open(
+        self, *, client: str, method: str, arguments: Any, params_sha256: str, session_id: str | None,
+        channels: frozenset[str], timeout: float,
+    ) -> Approval:
+        """A new pending approval for one call. Raises Overloaded when too many are pending."""
+        if len(self._pending) >= self.max_pending:
+            raise Overloaded(f"more than {self.max_pending} calls are waiting for confirmation; retry later",
+                             {"pending_approvals": len(self._pending)})
+        approval_id = secrets.token_hex(ID_BYTES)
+        while approval_id in self._pending or approval_id in self._finished:
+            approval_id = secrets.token_hex(ID_BYTES)
+        approval = Approval(approval_id, client, method, arguments, params_sha256, session_id,
+                            channels | {CLI}, timeout)
+        self._pending[approval_id] = approval
+        logger.info("approval %s opened: client=%s method=%s (expires in %gs)", approval_id, client, method, timeout)
+        self._tell("pending", approval)
+        return approval
+
+    async def wait(self, approval: Approval) -> Approval:
+        """Wait for the decision; at the deadline it expires. If the waiter is cancelled, it is withdrawn."""
+        try:
+            async with asyncio.timeout(approval.timeout):
+                await approval.done.wait()
+        except TimeoutError:
+            self._finish(approval, State.EXPIRED, None, None, f"no answer within {approval.timeout:g}s")
+        except asyncio.CancelledError:
+            self._finish(approval, State.WITHDRAWN, None, None, "the call was cancelled")
+            raise
+        return approval
+
+    def decide(self, approval_id: str, *, approve: bool, by: str, channel: str, reason: str | None = None) -> Answer:
+        """An answer from a person. Only the first answer to a pending approval counts."""
+        approval = self.get(approval_id)
+        if approval is None:
+            return Answer(False, f"no approval {approval_id!r} (unknown, or finished long ago)")
+        if approval.state is not State.PENDING:
+            return Answer(False, f"approval {approval_id} was already {_said(approval)}; this answer changed nothing",
+                          approval)
+        if channel not in approval.channels:
+            return Answer(False, f"approval {approval_id} does not take answers from the {channel} channel", approval)
+        state = State.APPROVED if approve else State.DENIED
+        self._finish(approval, state, by, channel, reason)
+        return Answer(True, f"approval {approval_id} {state.value}: {approval.client} may "
+                            f"{'now run' if approve else 'not run'} {approval.method}", approval)
+
+    def withdraw(self, approval: Approval, reason: str) -> None:
+        """The caller is gone: nothing will run, a late answer is told so."""
+        self._finish(approval, State.WITHDRAWN, None, None, reason)
+
+    def _finish(
+        self, approval: Approval, state: State, by: str | None, channel: str | None, reason: str | None
+    ) -> None:
+        if approval.state is not State.PENDING:
+            return
+        approval.state, approval.decided_by, approval.channel, approval.reason = state, by, channel, reason
+        approval.done.set()
+        del self._pending[approval.id]
+        self._finished[approval.id] = approval
+        while len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
+        logger.info("approval %s %s%s%s", approval.id, state.value, f" by {by}" if by else "",
+                    f": {reason}" if reason else "")
+        self._tell("finished", approval)
+
+    # -- watchers ----------------------------------------------------------------------------
+
+    def watch(self) -> asyncio.Queue[dict[str, Any] | None]:
+        """A queue of changes ({"type": "pending"|"finished", "approval": view}); None means: read the list again."""
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._watchers.add(queue)
+        return queue
+
+    def unwatch(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+        """Stop telling this watcher."""
+        self._watchers.discard(queue)
+
+    def _tell(self, kind: str, approval: Approval) -> None:
+        if not self._watchers:
+            return
+        change = {"type": kind, "approval": approval.view()}
+        for queue in list(self._watchers):
+            if queue.qsize() >= WATCHER_BACKLOG:
+                # Too far behind: drop what it has not read and tell it to start over.
+                self._watchers.discard(queue)
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(None)
+                continue
+            queue.put_nowait(change)
+
+
+def _said(approval: Approval) -> str:
+    who = f" by {approval.decided_by}" if approval.decided_by else ""
+    why = f" ({approval.reason})" if approval.reason else ""
+    return f"{approval.state.value}{who}{why}"
