@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gatewayd.app import build, listen_on, make_runner
+from gatewayd.app import AdminSocket, build, listen_on, make_runner
 from gatewayd.config.loader import load_snapshot
 from gatewayd.settings import Settings
 from gatewayd.web.mcp_http import WebState
@@ -43,7 +43,8 @@ class LocalClient:
 
 @asynccontextmanager
 async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, WebState]]:
-    """A client talking to a full in-process gateway on `config_dir`; stops its children after."""
+    """A client talking to a full in-process gateway on `config_dir` (admin socket included, at
+    `state.settings.admin_socket_path()`); stops its children after."""
     state = build(Settings(config_dir=config_dir, **settings), load_snapshot(config_dir))
     await state.gateway.audit.start()
     runner = make_runner(state)
@@ -52,10 +53,13 @@ async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tupl
     await site.start()
     port = int(runner.addresses[0][1])
     listen_on(state, port)
+    admin_socket = AdminSocket(state)
+    await admin_socket.start(state.settings)
     client = LocalClient(port)
     try:
         yield client, state
     finally:
+        await admin_socket.stop()
         await client.session.close()
         await state.gateway.drain(0)
         await runner.cleanup()
