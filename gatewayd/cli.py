@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 
 from gatewayd import __version__
 from gatewayd.admin import AdminClient, AdminUnavailable
-from gatewayd.config.edit import set_client_token
+from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
 from gatewayd.errors import ConfigError
 from gatewayd.explain import explain
@@ -39,6 +40,8 @@ DEV_CLIENT = "dev"
 DEV_ROLE = "developer"
 DEV_POLICY_FILE = "dev.local.toml"
 DEV_TOKEN_FILE = ".gatewayd-dev-token"
+DEV_OPERATOR = "dev-operator"
+DEV_OPERATOR_TOKEN_FILE = ".gatewayd-dev-operator-token"
 
 
 def setup_logging(level: str) -> None:
@@ -120,9 +123,11 @@ def _ctl_parser() -> argparse.ArgumentParser:
                         help="directory holding tools.d/ and policies/ (default: $GATEWAYD_CONFIG_DIR or .)")
     verbs = parser.add_subparsers(dest="verb", required=True)
     token = verbs.add_parser("token", help="manage client tokens").add_subparsers(dest="token_verb", required=True)
-    new = token.add_parser("new", help="make a token for CLIENT, print it once, store its hash")
+    new = token.add_parser("new", help="make a token for CLIENT (or an operator), print it once, store its hash")
     new.add_argument("client")
     new.add_argument("--role", action="append", dest="roles", help="role to give the client (repeatable)")
+    new.add_argument("--operator", action="store_true",
+                     help="make an operator token (approves calls on the web page) instead of a client's")
     new.add_argument("--policy-file", type=Path, help=f"policy file to write (default: policies/{DEFAULT_POLICY_FILE})")
     dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
     dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
@@ -147,27 +152,47 @@ def _ctl_parser() -> argparse.ArgumentParser:
 def _token_new(args: argparse.Namespace) -> int:
     path = args.policy_file or args.config_dir / POLICIES_DIR / DEFAULT_POLICY_FILE
     token = new_token()
-    set_client_token(path, args.client, hash_token(token), args.roles)
+    if args.operator:
+        if args.roles:
+            print("gatewayctl: operators have no roles; drop --role", file=sys.stderr)
+            return EXIT_USAGE
+        set_operator_token(path, args.client, hash_token(token))
+    else:
+        set_client_token(path, args.client, hash_token(token), args.roles)
     print(token)
-    print(f"gatewayctl: stored the hash for client {args.client!r} in {path}; the token is shown only once",
+    kind = "operator" if args.operator else "client"
+    print(f"gatewayctl: stored the hash for {kind} {args.client!r} in {path}; the token is shown only once",
           file=sys.stderr)
     return 0
 
 
 def _dev_client(args: argparse.Namespace) -> int:
-    token_file = args.config_dir / DEV_TOKEN_FILE
     policy_file = args.config_dir / POLICIES_DIR / DEV_POLICY_FILE
+    token = _dev_token(args.config_dir / DEV_TOKEN_FILE, policy_file,
+                       lambda digest: set_client_token(policy_file, DEV_CLIENT, digest, [DEV_ROLE]))
+    operator = _dev_token(args.config_dir / DEV_OPERATOR_TOKEN_FILE, policy_file,
+                          lambda digest: set_operator_token(policy_file, DEV_OPERATOR, digest))
+    base = args.url.rsplit("/", 1)[0]
+    curl = f"curl -s {args.url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -d "
+    print(f"endpoint:  {args.url}")
+    print(f"token:     {token}   (client {DEV_CLIENT!r}, kept in {DEV_TOKEN_FILE})")
+    print(f"try:       {curl}'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"calc.add\",\"params\":{{\"a\":2,\"b\":3}}}}'")
+    print(f"confirm:   {curl}'{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"shell.run\",\"params\":"
+          "{\"command\":\"uname -a\"}}'")
+    print("           waits for a person: `.venv/bin/gatewayctl approvals`, then `.venv/bin/gatewayctl approve ID`,")
+    print(f"           or {base}/approvals with the operator token {operator}")
+    return 0
+
+
+def _dev_token(token_file: Path, policy_file: Path, store: Callable[[str], None]) -> str:
+    """The token kept in `token_file`, made and stored anew unless the policy file still holds its hash."""
     token = token_file.read_text().strip() if token_file.exists() else ""
     if not token or not policy_file.exists() or hash_token(token) not in policy_file.read_text():
         token = new_token()
-        set_client_token(policy_file, DEV_CLIENT, hash_token(token), [DEV_ROLE])
+        store(hash_token(token))
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
-    print(f"endpoint:  {args.url}")
-    print(f"token:     {token}   (client {DEV_CLIENT!r}, kept in {token_file})")
-    print(f"try:       curl -s {args.url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
-          "-d '{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"calc.add\",\"params\":{\"a\":2,\"b\":3}}'")
-    return 0
+    return token
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gatewayd.config.loader import Snapshot
-from gatewayd.policy import Decision, confirm_required, decide, principal_for
+from gatewayd.policy import Decision, confirm_options, confirm_required, decide, principal_for
 
 
 def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Iterator[str]:
@@ -26,6 +26,10 @@ def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Ite
     if verdict.rule is not None:
         label = "refused by" if verdict.refused_arguments else "granted by"
         yield f"  {label} {verdict.rule.describe()}"
+    if verdict.decision is Decision.CONFIRM:
+        options = confirm_options(principal_for(snapshot, client), verdict, method)
+        channels = ", ".join(["gatewayctl", *options.channels])
+        yield f"  asks: {channels}; denied as expired after {options.timeout:g}s without an answer"
     yield from _existence(snapshot, server, tool)
 
 

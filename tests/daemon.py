@@ -91,7 +91,8 @@ class Daemon:
         try:
             async with asyncio.timeout(START_DEADLINE):
                 while not self.url:
-                    if self.proc.returncode is not None:
+                    if self.proc.returncode is not None or self._drain.done():  # stderr closed: it is exiting
+                        await self.proc.wait()
                         raise RuntimeError("daemon exited:\n" + "\n".join(self.logs))
                     self.log_event.clear()
                     await self.log_event.wait()

@@ -24,18 +24,33 @@ POLICY_FILE_MODE = 0o600
 
 def set_client_token(path: Path, client: str, digest: str, roles: list[str] | None = None) -> None:
     """Give `client` the token whose SHA-256 is `digest` (replacing its old ones) in the policy file at `path`."""
-    if not CLIENT_NAME.fullmatch(client):
-        raise ConfigError(str(path), f"clients.{client}", "client name may use only A-Z a-z 0-9 _ . -")
-    data = _read(path)
-    clients = data.setdefault("clients", {})
-    if not isinstance(clients, dict):
-        raise ConfigError(str(path), "clients", "must be a table")
-    entry = clients.setdefault(client, {})
+    data, entry = _token_holder(path, "clients", client)
     entry["token_sha256"] = digest
     if roles is not None:
         entry["roles"] = roles
     entry.setdefault("roles", [])
     write_atomic(path, tomli_w.dumps(data).encode("utf-8"))
+
+
+def set_operator_token(path: Path, operator: str, digest: str) -> None:
+    """Give operator `operator` the token whose SHA-256 is `digest` (replacing its old ones) in `path`."""
+    data, entry = _token_holder(path, "operators", operator)
+    entry["token_sha256"] = digest
+    write_atomic(path, tomli_w.dumps(data).encode("utf-8"))
+
+
+def _token_holder(path: Path, kind: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The policy file's data and its `[kind.name]` table, created if missing."""
+    if not CLIENT_NAME.fullmatch(name):
+        raise ConfigError(str(path), f"{kind}.{name}", "name may use only A-Z a-z 0-9 _ . -")
+    data = _read(path)
+    table = data.setdefault(kind, {})
+    if not isinstance(table, dict):
+        raise ConfigError(str(path), kind, "must be a table")
+    entry = table.setdefault(name, {})
+    if not isinstance(entry, dict):
+        raise ConfigError(str(path), f"{kind}.{name}", "must be a table")
+    return data, entry
 
 
 def _read(path: Path) -> dict[str, Any]:

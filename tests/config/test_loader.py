@@ -141,3 +141,31 @@ def test_argument_rules_are_validated(tmp_path: Path) -> None:
     messages = errors_of(tmp_path)
     assert any("path_under must be an absolute directory" in m for m in messages)
     assert any("not a valid regular expression" in m for m in messages)
+
+
+def test_confirmation_options_are_read_and_validated(tmp_path: Path) -> None:
+    roles = ('[roles.r]\nconfirm = ["calc.*"]\n[roles.r.confirmation."calc.*"]\ntimeout = "2m"\nchannels = ["web"]\n'
+             '[roles.bad.confirmation."calc add"]\ntimeout = "0s"\nchannels = ["email"]\n')
+    write_config(tmp_path, {"calc": CALC}, roles)
+    messages = errors_of(tmp_path)
+    assert any("[roles.bad.confirmation.calc add.timeout]" in m for m in messages)
+    assert any("[roles.bad.confirmation.calc add.channels.0]" in m and "'client' or 'web'" in m for m in messages)
+    write_config(tmp_path, {"calc": CALC}, '[roles.bad.confirmation."calc add"]\ntimeout = "1s"\n')
+    (message,) = errors_of(tmp_path)
+    assert "[roles.bad.confirmation]" in message and "'calc add' can never match" in message
+    write_config(tmp_path, {"calc": CALC}, roles.split("[roles.bad")[0])
+    options = load_snapshot(tmp_path).roles["r"].confirmation["calc.*"]
+    assert (options.timeout, options.channels) == (120.0, ["web"])
+
+
+def test_an_agent_token_can_never_be_an_operator_token(tmp_path: Path) -> None:
+    digest = "ab" * 32
+    write_config(tmp_path, {"calc": CALC},
+                 f'[clients.agent]\ntoken_sha256 = "{digest}"\n[operators.alice]\ntoken_sha256 = "{digest}"\n')
+    (message,) = errors_of(tmp_path)
+    assert "[operators.alice.token_sha256]" in message and "same token as client 'agent'" in message
+
+
+def test_operators_are_loaded(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC}, f'[operators.alice]\ntoken_sha256 = ["{"cd" * 32}"]\n')
+    assert load_snapshot(tmp_path).operators["alice"].token_sha256 == ["cd" * 32]

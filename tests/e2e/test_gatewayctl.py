@@ -1,0 +1,92 @@
+"""`gatewayctl` against a live daemon's admin socket, and against none: every admin verb, its exit status."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+from pathlib import Path
+
+import aiohttp
+
+from tests.daemon import Daemon, faultsrv_command, gatewayctl, write_config
+
+FAULT = faultsrv_command() + '\nprotocol = "jsonrpc"\n[methods.pid]\n'
+ROLES = '[roles.r]\nallow = ["fault.*"]\n'
+EXIT_UNAVAILABLE = 69
+
+
+async def test_every_admin_verb_says_the_daemon_is_not_running(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    for verb in (["approvals"], ["approve", "abc"], ["deny", "abc"], ["status"]):
+        code, out, err = await gatewayctl(tmp_path, *verb)
+        assert code == EXIT_UNAVAILABLE and out == ""
+        assert "gatewayd is not running" in err and str(tmp_path / "gatewayd.sock") in err and "Traceback" not in err
+
+
+async def test_status_approvals_and_unknown_ids_against_a_live_daemon(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
+    async with Daemon(tmp_path):
+        code, out, _ = await gatewayctl(tmp_path, "status")
+        assert code == 0 and "pending approvals 0" in out and "fault" in out and "stopped" in out
+        code, out, _ = await gatewayctl(tmp_path, "status", "--json")
+        status = json.loads(out)
+        assert code == 0 and status["servers"]["fault"]["state"] == "stopped" and status["audit"]["healthy"]
+        code, out, _ = await gatewayctl(tmp_path, "approvals")
+        assert code == 0 and out.strip() == "no calls are waiting for confirmation"
+        code, _, err = await gatewayctl(tmp_path, "approve", "0123456789")
+        assert code == 1 and "no approval '0123456789'" in err
+
+
+async def test_the_admin_socket_is_private_and_removed_on_stop(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    path = tmp_path / "gatewayd.sock"
+    async with Daemon(tmp_path):
+        mode = path.stat().st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    assert not path.exists()
+
+
+async def test_a_group_mode_can_be_asked_for(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    async with Daemon(tmp_path, "--admin-socket-mode", "0660"):
+        assert stat.S_IMODE((tmp_path / "gatewayd.sock").stat().st_mode) == 0o660
+
+
+async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "gatewayd.sock"))
+    stale.close()  # the file stays, nobody listens: what a crashed daemon leaves behind
+    async with Daemon(tmp_path):
+        code, _, _ = await gatewayctl(tmp_path, "status")
+        assert code == 0
+
+
+async def test_a_second_daemon_on_the_same_socket_refuses_to_start(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    async with Daemon(tmp_path):
+        second = Daemon(tmp_path)
+        try:
+            await second.__aenter__()
+        except RuntimeError as exc:
+            assert "another gatewayd is listening on the admin socket" in str(exc)
+        else:
+            await second.stop()
+            raise AssertionError("a second daemon started on a live admin socket")
+        code, _, _ = await gatewayctl(tmp_path, "status")
+        assert code == 0  # the first one is untouched
+
+
+async def test_an_operator_token_is_no_client_token(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    code, out, _ = await gatewayctl(tmp_path, "token", "new", "alice", "--operator")
+    assert code == 0 and "[operators.alice]" in (tmp_path / "policies" / "clients.toml").read_text()
+    operator = out.strip()
+    async with Daemon(tmp_path) as daemon:
+        headers = {"Authorization": f"Bearer {operator}"}
+        async with http.post(daemon.url, json={"jsonrpc": "2.0", "id": 1, "method": "fault.pid"},
+                             headers=headers) as response:
+            assert response.status == 401
+        async with http.get(daemon.url.removesuffix("/mcp") + "/approvals/api/pending", headers=headers) as response:
+            assert response.status == 200 and (await response.json()) == {"approvals": []}
