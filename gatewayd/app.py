@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from gatewayd import admin
+from gatewayd import admin, systemd
 from gatewayd.audit import AuditLog
 from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.gateway import Gateway
@@ -90,10 +90,15 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         logger.info("listening on %s (%d tool servers, %d clients)", url, len(pool.servers), len(snapshot.clients))
         if on_ready is not None:
             on_ready(url)
+        systemd.notify("READY=1", f"STATUS=serving {url}: {len(pool.servers)} tool servers")
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(pool.start_eager(), name="eager-start")
+            watchdog = _start_watchdog(tasks)
             await stop.wait()
             logger.info("stopping")
+            systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")
+            if watchdog is not None:
+                watchdog.cancel()
     finally:
         await admin_runner.stop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -106,6 +111,14 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         # Last, so the outcomes of calls that finished while draining are written.
         await audit_log.close()
         logger.info("stopped")
+
+
+def _start_watchdog(tasks: asyncio.TaskGroup) -> asyncio.Task[None] | None:
+    interval = systemd.watchdog_interval()
+    if interval is None:
+        return None
+    logger.info("systemd watchdog: pinging every %.3gs", interval)
+    return tasks.create_task(systemd.watchdog(interval), name="watchdog")
 
 
 class AdminSocket:
