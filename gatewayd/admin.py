@@ -6,8 +6,8 @@ approval decisions), the admin routes (JSON over HTTP/1.1), and `AdminClient`, t
 command line reaches them. Access control is the socket file's permissions: mode 0600 by default,
 so only the daemon's user and root. Nothing here is reachable on the public port.
 
-Routes: GET /v1/status, GET /v1/approvals, POST /v1/approvals/{id}/approve, POST
-/v1/approvals/{id}/deny (body {"reason": "..."} optional).
+Routes: GET /v1/status, POST /v1/reload, POST /v1/servers/{name}/restart, GET /v1/approvals,
+POST /v1/approvals/{id}/approve, POST /v1/approvals/{id}/deny (body {"reason": "..."} optional).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ import aiohttp
 from aiohttp import web
 
 from gatewayd import __version__, approvals
+from gatewayd.errors import GatewayError
 from gatewayd.gateway import Gateway
+from gatewayd.reloader import Reloader
 from gatewayd.sessions import Sessions
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ PROBE_TIMEOUT = 1.0
 
 GATEWAY = web.AppKey("gateway", Gateway)
 SESSIONS = web.AppKey("sessions", Sessions)
+RELOADER = web.AppKey("reloader", Reloader)
 STARTED = web.AppKey("started", float)
 
 
@@ -56,13 +59,16 @@ class AdminUnavailable(Exception):
 # -- server ----------------------------------------------------------------------------------
 
 
-def create_app(gateway: Gateway, sessions: Sessions) -> web.Application:
+def create_app(gateway: Gateway, sessions: Sessions, reloader: Reloader) -> web.Application:
     """The admin application."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[GATEWAY] = gateway
     app[SESSIONS] = sessions
+    app[RELOADER] = reloader
     app[STARTED] = time.time()
     app.router.add_get(f"{API}/status", _status)
+    app.router.add_post(f"{API}/reload", _reload)
+    app.router.add_post(API + "/servers/{name}/restart", _restart)
     app.router.add_get(f"{API}/approvals", _approvals)
     app.router.add_post(API + "/approvals/{id}/{verdict:approve|deny}", _decide)
     return app
@@ -117,9 +123,30 @@ async def _status(request: web.Request) -> web.Response:
     servers = {name: server.status() for name, server in sorted(gateway.pool.servers.items())}
     return web.json_response({
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
-        "servers": servers, "sessions": len(sessions), "pending_approvals": len(gateway.approvals),
+        "config": await request.app[RELOADER].status(), "servers": servers,
+        "retiring": [server.status() for server in gateway.pool.retiring],
+        "sessions": len(sessions), "pending_approvals": len(gateway.approvals),
+        "approvals": [approval.view() for approval in gateway.approvals.pending()],
         "audit": gateway.audit.status(),
     })
+
+
+async def _reload(request: web.Request) -> web.Response:
+    result = await request.app[RELOADER].reload(f"gatewayctl reload by {peer(request)}")
+    return web.json_response(result.view(), status=200 if result.ok else 422)
+
+
+async def _restart(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    server = request.app[GATEWAY].pool.get(name)
+    if server is None:
+        return web.json_response({"ok": False, "message": f"no tool server {name!r}"}, status=404)
+    logger.info("server=%s restarted by %s", name, peer(request))
+    try:
+        await server.restart()
+    except GatewayError as exc:
+        return web.json_response({"ok": False, "message": exc.message}, status=502)
+    return web.json_response({"ok": True, "message": f"{name} restarted", "server": server.status()})
 
 
 async def _approvals(request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ from gatewayd import admin, systemd
 from gatewayd.audit import AuditLog
 from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.gateway import Gateway
+from gatewayd.reloader import Reloader
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
@@ -73,13 +74,15 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
     await audit_log.start()
     runner = make_runner(state)
     await runner.setup()
-    admin_runner = AdminSocket(state)
+    reloader = Reloader(state, snapshot, settings.reload_drain)
+    admin_runner = AdminSocket(state, reloader)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # Log rotation: rename the audit file, then SIGUSR1 makes the daemon write to a new one.
     loop.add_signal_handler(signal.SIGUSR1, audit_log.reopen)
+    loop.add_signal_handler(signal.SIGHUP, reloader.request, "SIGHUP")
     try:
         site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
         await site.start()
@@ -93,15 +96,21 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         systemd.notify("READY=1", f"STATUS=serving {url}: {len(pool.servers)} tool servers")
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(pool.start_eager(), name="eager-start")
+            background = [tasks.create_task(reloader.serve_requests(), name="reload-requests")]
             watchdog = _start_watchdog(tasks)
+            if watchdog is not None:
+                background.append(watchdog)
+            watcher = tasks.create_task(reloader.watch(), name="config-watch") if settings.watch_config else None
             await stop.wait()
             logger.info("stopping")
             systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")
-            if watchdog is not None:
-                watchdog.cancel()
+            if watcher is not None:
+                await reloader.stop_watching(watcher)
+            for task in background:
+                task.cancel()
     finally:
         await admin_runner.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         sessions.broadcast_close()
         # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
@@ -124,8 +133,9 @@ def _start_watchdog(tasks: asyncio.TaskGroup) -> asyncio.Task[None] | None:
 class AdminSocket:
     """The admin API's listener on its unix socket (admin.py), if the settings name one."""
 
-    def __init__(self, state: WebState) -> None:
+    def __init__(self, state: WebState, reloader: Reloader) -> None:
         self._state = state
+        self._reloader = reloader
         self._runner: web.AppRunner | None = None
         self._path: Path | None = None
 
@@ -135,7 +145,8 @@ class AdminSocket:
             logger.info("admin socket disabled")
             return
         admin.prepare_socket(path)
-        self._runner = web.AppRunner(admin.create_app(self._state.gateway, self._state.sessions), access_log=None)
+        app = admin.create_app(self._state.gateway, self._state.sessions, self._reloader)
+        self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         # Bound with no access for group and others; the configured mode is applied right after.
         old_umask = os.umask(0o177)

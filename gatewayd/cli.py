@@ -50,6 +50,8 @@ def setup_logging(level: str) -> None:
     if "JOURNAL_STREAM" not in os.environ:
         fmt = "%(asctime)s " + fmt
     logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+    # watchfiles logs every batch of changes at INFO; the reloader logs what it did with them.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
 
 def _config_errors(prog: str, exc: ConfigInvalid) -> int:
@@ -146,6 +148,10 @@ def _ctl_parser() -> argparse.ArgumentParser:
     deny.add_argument("--reason", help="told to the caller and written to the audit log")
     status = verbs.add_parser("status", help="what the running daemon is doing")
     status.add_argument("--json", action="store_true", help="print JSON")
+    reload = verbs.add_parser("reload", help="make the daemon re-read its config; prints what changed")
+    reload.add_argument("--json", action="store_true", help="print JSON")
+    restart = verbs.add_parser("restart", help="restart a tool server's child (and leave the failed state)")
+    restart.add_argument("server")
     return parser
 
 
@@ -262,15 +268,64 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(body, indent=2, ensure_ascii=False))
         return 0
-    audit = body["audit"]
+    audit, config = body["audit"], body["config"]
     print(f"gatewayd {body['version']}  pid {body['pid']}  up {body['uptime_s']:.0f}s  sessions {body['sessions']}  "
           f"pending approvals {body['pending_approvals']}  audit {'ok' if audit['healthy'] else 'FAILING'}")
-    rows: list[tuple[str, ...]] = [("SERVER", "STATE", "PID", "RESTARTS", "IN FLIGHT", "LAST EXIT")]
+    sync = "matches the files" if config["in_sync"] else "files on disk differ: run gatewayctl reload"
+    print(f"config {config['config_dir']}: generation {config['generation']} ({sync})")
+    last = config["last_reload"]
+    if last is not None and not last["ok"]:
+        print(f"last reload FAILED ({last['trigger']}):")
+        for error in last["errors"]:
+            print(f"  {error}")
+    rows: list[tuple[str, ...]] = [("SERVER", "STATE", "PID", "UPTIME", "RESTARTS", "IN FLIGHT", "LAST EXIT")]
     for name, server in body["servers"].items():
-        rows.append((name, server["state"], str(server.get("pid") or "-"), str(server.get("restarts", 0)),
-                     str(server.get("in_flight", 0)), str(server.get("last_exit") or "")))
+        rows.append(_server_row(name, server))
+    rows += [_server_row(f"{server['name']} (retiring)", server) for server in body["retiring"]]
     _print_table(rows)
+    for approval in body["approvals"]:
+        print(f"waiting for approval: {approval['id']}  {approval['client']}  {approval['method']}  "
+              f"{approval['expires_in_s']:.0f}s left")
     return 0
+
+
+def _server_row(name: str, server: dict[str, Any]) -> tuple[str, ...]:
+    uptime = server.get("uptime_s")
+    return (name, server["state"], str(server.get("pid") or "-"), f"{uptime:.0f}s" if uptime is not None else "-",
+            str(server.get("restarts", 0)), str(server.get("in_flight", 0)), str(server.get("last_exit") or ""))
+
+
+def _reload(args: argparse.Namespace) -> int:
+    _, result = _ask(args, "POST", "/reload")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif not result["ok"]:
+        for error in result["errors"]:
+            print(f"gatewayctl: config error: {error}", file=sys.stderr)
+        print(f"gatewayctl: reload refused; generation {result['generation']} keeps running", file=sys.stderr)
+    elif not result["changed"]:
+        print(f"config unchanged (generation {result['generation']})")
+    else:
+        print(f"reloaded: generation {result['generation']}")
+        for line in _diff_lines(result):
+            print(f"  {line}")
+    return 0 if result["ok"] else EXIT_CONFIG
+
+
+def _diff_lines(result: dict[str, Any]) -> list[str]:
+    servers = result["servers"]
+    lines = [f"servers {kind}: {', '.join(servers[kind])}" for kind in ("added", "removed") if servers[kind]]
+    if servers["changed"]:
+        lines.append(f"servers changed (restarted on new children): {', '.join(servers['changed'])}")
+    for kind in ("clients", "roles", "operators"):
+        lines += [f"{kind} {change}: {', '.join(names)}" for change, names in result[kind].items() if names]
+    return lines or ["no server, client, role or operator changed"]
+
+
+def _restart(args: argparse.Namespace) -> int:
+    _, answer = _ask(args, "POST", f"/servers/{args.server}/restart")
+    print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
+    return 0 if answer.get("ok") else EXIT_REFUSED
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:
@@ -283,7 +338,8 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
     """Entry point of `gatewayctl`."""
     args = _ctl_parser().parse_args(argv)
     verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain,
-             "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status}
+             "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status, "reload": _reload,
+             "restart": _restart}
     try:
         return verbs[args.verb](args)
     except AdminUnavailable as exc:

@@ -225,7 +225,7 @@ class Gateway:
             logger.info("server=%s tools changed; notifying sessions", server)
             # Only clients that may see the server learn that it changed.
             self.sessions.broadcast({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"},
-                                    to=lambda session: _may_see_server(session.principal, server))
+                                    to=lambda session: policy.may_see_server(session.principal, server))
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -308,7 +308,7 @@ class Gateway:
 
     async def _visible_tools(self, principal: Principal, server: ToolServer) -> list[ToolDef]:
         """The server's tools this principal may call (or call after confirmation)."""
-        if not _may_see_server(principal, server.name):
+        if not policy.may_see_server(principal, server.name):
             return []
         tools = await server.tools()
         return [t for t in tools if self._listing(principal, server, t) is not Decision.DENY]
@@ -321,7 +321,7 @@ class Gateway:
 
     async def list_tools(self, principal: Principal) -> dict[str, Any]:
         """Every tool the principal may call, across servers, in a deterministic order."""
-        servers = [s for s in self.pool.servers.values() if _may_see_server(principal, s.name)]
+        servers = [s for s in self.pool.servers.values() if policy.may_see_server(principal, s.name)]
         listed = await asyncio.gather(*(self._visible_tools(principal, s) for s in servers), return_exceptions=True)
         tools: list[dict[str, Any]] = []
         for server, result in zip(servers, listed, strict=True):
@@ -581,14 +581,6 @@ def _arguments(params: Any) -> Any:
     if isinstance(params, dict) and "_meta" in params:
         return {key: value for key, value in params.items() if key != "_meta"}
     return params
-
-
-def _may_see_server(principal: Principal, server: str) -> bool:
-    """Cheap pre-check so tools/list does not start servers the principal can call nothing on."""
-    prefix = f"{server}."
-    # A name can match a pattern only if it starts with the pattern's text before its first `*`.
-    literals = (pattern.split("*", 1)[0] for pattern in principal.patterns)
-    return any(prefix.startswith(lit) or lit.startswith(prefix) for lit in literals)
 
 
 def _inflight_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:

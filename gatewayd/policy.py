@@ -142,6 +142,14 @@ def may_call(principal: Principal, target: str, *, confirm_required: bool = Fals
     return Decision.ALLOW
 
 
+def may_see_server(principal: Principal, server: str) -> bool:
+    """Whether any pattern of the principal could match a method of `server` (cheap; no server is started)."""
+    prefix = f"{server}."
+    # A name can match a pattern only if it starts with the pattern's text before its first `*`.
+    literals = (pattern.split("*", 1)[0] for pattern in principal.patterns)
+    return any(prefix.startswith(lit) or lit.startswith(prefix) for lit in literals)
+
+
 def decide(principal: Principal, target: str, params: Any = None, *, confirm_required: bool = False) -> Verdict:
     """The decision for `principal` calling canonical `target` with `params`. Deny unless a role grants it."""
     if not is_canonical(target):

@@ -107,6 +107,10 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def all(self) -> list[Session]:
+        """Every live session."""
+        return list(self._by_id.values())
+
     def create(self, principal: Principal, params: dict[str, Any]) -> Session:
         """A new session for an `initialize` request. Raises HttpError(503) when at the limit."""
         self.expire()

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     admin_socket_group: str = Field("", description="group owning the admin socket (empty: the daemon's)")
     # A person who leaves the approval page open sees it live; the page itself holds no data without a token.
     approval_page: bool = Field(True, description="serve the web approval page at /approvals (operator tokens)")
+    watch_config: bool = Field(True, description="reload when files under tools.d/ or policies/ change")
+    # A reload that changes or removes a server lets its calls in flight finish on the old child this long.
+    reload_drain: float = Field(60.0, ge=0, description="seconds a replaced server's calls may run after a reload")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
     shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
 

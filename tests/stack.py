@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gatewayd.app import AdminSocket, build, listen_on, make_runner
 from gatewayd.config.loader import load_snapshot
+from gatewayd.reloader import Reloader
 from gatewayd.settings import Settings
 from gatewayd.web.mcp_http import WebState
 
@@ -45,7 +46,8 @@ class LocalClient:
 async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, WebState]]:
     """A client talking to a full in-process gateway on `config_dir` (admin socket included, at
     `state.settings.admin_socket_path()`); stops its children after."""
-    state = build(Settings(config_dir=config_dir, **settings), load_snapshot(config_dir))
+    snapshot = load_snapshot(config_dir)
+    state = build(Settings(config_dir=config_dir, **settings), snapshot)
     await state.gateway.audit.start()
     runner = make_runner(state)
     await runner.setup()
@@ -53,7 +55,7 @@ async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tupl
     await site.start()
     port = int(runner.addresses[0][1])
     listen_on(state, port)
-    admin_socket = AdminSocket(state)
+    admin_socket = AdminSocket(state, Reloader(state, snapshot, state.settings.reload_drain))
     await admin_socket.start(state.settings)
     client = LocalClient(port)
     try:

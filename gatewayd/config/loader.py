@@ -8,6 +8,7 @@ returns a whole Snapshot or raises ConfigInvalid with every problem found.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
 from collections.abc import Iterable
@@ -45,6 +46,8 @@ class Snapshot:
     # Which file defined each role and client, so errors and `explain` can name it.
     sources: dict[str, str] = field(default_factory=dict)
     config_dir: Path = Path(".")
+    # SHA-256 of the files it was read from (config_digest); equal digests mean nothing changed.
+    digest: str = ""
 
 
 def config_files(directory: Path) -> list[Path]:
@@ -89,9 +92,12 @@ def _key_in_table(lines: list[str], table: list[str], key: str) -> int | None:
     return None
 
 
-def _read_toml(path: Path, errors: list[ConfigError]) -> tuple[dict[str, Any], str] | None:
+def _read_toml(path: Path, errors: list[ConfigError], digest: Any = None) -> tuple[dict[str, Any], str] | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        if digest is not None:
+            _hash_file(digest, path, raw)
+        text = raw.decode("utf-8")
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         line = _toml_error_line(str(exc))
@@ -99,6 +105,25 @@ def _read_toml(path: Path, errors: list[ConfigError]) -> tuple[dict[str, Any], s
     except (OSError, UnicodeDecodeError) as exc:
         errors.append(ConfigError(str(path), "", f"cannot read: {exc}"))
     return None
+
+
+def _hash_file(digest: Any, path: Path, raw: bytes) -> None:
+    # The directory and file name count: renaming a server file changes the config.
+    for part in (path.parent.name, path.name):
+        digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    digest.update(len(raw).to_bytes(8, "big") + raw)
+
+
+def config_digest(config_dir: Path) -> str:
+    """SHA-256 over the config files as they are on disk now (names and bytes), as Snapshot.digest is made."""
+    digest = hashlib.sha256()
+    for directory in (config_dir / TOOLS_DIR, config_dir / POLICIES_DIR):
+        for path in config_files(directory):
+            try:
+                _hash_file(digest, path, path.read_bytes())
+            except OSError:
+                digest.update(b"unreadable\0" + path.name.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
 
 
 def _toml_error_line(message: str) -> int | None:
@@ -118,7 +143,7 @@ def _validate(model: type[M], path: Path, data: dict[str, Any], text: str, error
     return None
 
 
-def load_servers(directory: Path, errors: list[ConfigError]) -> dict[str, ServerConfig]:
+def load_servers(directory: Path, errors: list[ConfigError], digest: Any = None) -> dict[str, ServerConfig]:
     """Every tool server of `tools.d/`, named by file stem."""
     servers: dict[str, ServerConfig] = {}
     for path in config_files(directory):
@@ -128,7 +153,7 @@ def load_servers(directory: Path, errors: list[ConfigError]) -> dict[str, Server
                 str(path), "", "file name must be a server name: A-Z a-z 0-9 _ -, no '__', not ending in '_'"
             ))
             continue
-        loaded = _read_toml(path, errors)
+        loaded = _read_toml(path, errors, digest)
         if loaded is None:
             continue
         server = _validate(ServerConfig, path, *loaded, errors)
@@ -160,11 +185,11 @@ class Policies:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def load_policies(directory: Path, errors: list[ConfigError]) -> Policies:
+def load_policies(directory: Path, errors: list[ConfigError], digest: Any = None) -> Policies:
     """All policy files merged; a name defined twice is an error naming both files."""
     merged = Policies()
     for path in config_files(directory):
-        loaded = _read_toml(path, errors)
+        loaded = _read_toml(path, errors, digest)
         if loaded is None:
             continue
         policy = _validate(PolicyFile, path, *loaded, errors)
@@ -202,9 +227,10 @@ def load_snapshot(config_dir: Path) -> Snapshot:
     tools_dir = config_dir / TOOLS_DIR
     if not tools_dir.is_dir():
         errors.append(ConfigError(str(tools_dir), "", "directory not found"))
-    servers = load_servers(tools_dir, errors)
-    policies = load_policies(config_dir / POLICIES_DIR, errors)
+    digest = hashlib.sha256()
+    servers = load_servers(tools_dir, errors, digest)
+    policies = load_policies(config_dir / POLICIES_DIR, errors, digest)
     if errors:
         raise ConfigInvalid(errors)
     return Snapshot(servers=servers, roles=policies.roles, clients=policies.clients, operators=policies.operators,
-                    sources=policies.sources, config_dir=config_dir)
+                    sources=policies.sources, config_dir=config_dir, digest=digest.hexdigest())

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd import jsonrpc
-from gatewayd.errors import CallTimedOut, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -386,6 +386,13 @@ class Connection:
         self._fail_pending(self.exit_info)
         await self._reap_group()
         self._exited.set()
+
+    def fail_calls(self, error: GatewayError) -> None:
+        """Fail every call waiting on this child with `error` (the child keeps running until closed)."""
+        for call_id, pending in list(self._pending.items()):
+            if not pending.future.done():
+                pending.future.set_exception(error)
+            self._pending.pop(call_id, None)
 
     def _fail_pending(self, info: ExitInfo) -> None:
         for call_id, pending in list(self._pending.items()):

@@ -92,6 +92,11 @@ class ToolServer:
         self._next_start = 0.0
         self.restarts = 0
         self.last_exit: str | None = None
+        self.started_at: float | None = None
+        # Set when a reload replaced or removed this server: no new child starts, calls in flight may finish.
+        self.retired: str | None = None
+        self._quiet = asyncio.Event()
+        self._quiet.set()
 
     def _set_tools(self, tools: list[ToolDef] | None) -> None:
         """Cache the child's tool list (None: stale) with a name index for the hot path."""
@@ -113,6 +118,9 @@ class ToolServer:
         conn = self._conn
         if conn is not None and conn.alive and self.state is State.RUNNING:
             return conn
+        if self.retired is not None:
+            raise ToolServerUnavailable(f"tool server {self.name!r} {self.retired}; retry the call",
+                                        {"server": self.name})
         async with self._start_lock:
             conn = self._conn
             if conn is not None and conn.alive and self.state is State.RUNNING:
@@ -149,6 +157,7 @@ class ToolServer:
             raise
         self._conn = conn
         self.state = State.RUNNING
+        self.started_at = time.time()
         self._touch()
         self._watch_task = asyncio.create_task(self._watch(conn), name=f"{self.name}-watch")
         return conn
@@ -263,6 +272,40 @@ class ToolServer:
         if self.state is State.FAILED:
             self.state = State.STOPPED
 
+    async def restart(self) -> None:
+        """An admin restart: forget crashes (leaving `failed`), stop the child; the next call starts a new one."""
+        self.reset()
+        await self.stop()
+        if self.config.start == "eager":
+            await self.ensure_running()
+
+    async def retire(self, why: str, drain: float) -> None:
+        """After a reload dropped or replaced this server: give calls in flight up to `drain` seconds, then
+        stop the child; calls still running then fail with `why`."""
+        self.retired = why
+        if not self._quiet.is_set():
+            logger.info("server=%s %s: draining %d calls (up to %gs)", self.name, why, self._active + self._waiting,
+                        drain)
+        try:
+            async with asyncio.timeout(drain):
+                await self._quiet.wait()
+        except TimeoutError:
+            logger.warning("server=%s %s: %d calls still running after %gs fail now", self.name, why,
+                           self._active, drain)
+            if self._conn is not None:
+                self._conn.fail_calls(ToolServerUnavailable(
+                    f"tool server {self.name!r} {why} before the call finished; retry the call",
+                    {"server": self.name}))
+        await self.stop()
+
+    def _busy(self, delta_active: int, delta_waiting: int) -> None:
+        self._active += delta_active
+        self._waiting += delta_waiting
+        if self._active or self._waiting:
+            self._quiet.clear()
+        else:
+            self._quiet.set()
+
     async def stop(self) -> None:
         """Stop the child, if running, with the full escalation; calls in flight fail."""
         async with self._start_lock:
@@ -303,24 +346,24 @@ class ToolServer:
             await self._wait_for_slot(timeout)
         else:
             await self._slots.acquire()
-        self._active += 1
+        self._busy(1, 0)
         self._touch()
         try:
             yield
         finally:
-            self._active -= 1
+            self._busy(-1, 0)
             self._slots.release()
             self._touch()
 
     async def _wait_for_slot(self, timeout: float) -> None:
-        self._waiting += 1
+        self._busy(0, 1)
         try:
             async with asyncio.timeout(timeout):
                 await self._slots.acquire()
         except TimeoutError:
             raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name}) from None
         finally:
-            self._waiting -= 1
+            self._busy(0, -1)
 
     async def call(
         self, method: str, params: Any, *, on_event: EventSink | None = None, progress: bool = False
@@ -393,6 +436,7 @@ class ToolServer:
             "waiting": self._waiting,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
+            "uptime_s": round(time.time() - self.started_at, 3) if self.pid and self.started_at else None,
         }
 
 

@@ -47,6 +47,10 @@ class TokenTable:
         """The Principal for an `Authorization` header. Raises HttpError(401) for none or a wrong one."""
         return self._principals[_lookup(header, self._entries)]
 
+    def principal(self, name: str) -> Principal | None:
+        """The Principal of client `name` in this snapshot, if it still exists."""
+        return self._principals.get(name)
+
     def operator(self, header: str | None) -> str:
         """The operator named by an `Authorization` header. Raises HttpError(401) otherwise (client tokens too)."""
         return _lookup(header, self._operators)

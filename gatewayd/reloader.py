@@ -1,0 +1,262 @@
+"""Reloading the config as one transaction, and what triggers it.
+
+Owns: the triggers (a change under `tools.d/` or `policies/` seen by watchfiles, SIGHUP, and
+`gatewayctl reload` on the admin socket), parsing and validating everything before anything
+changes, applying a valid config in one step of the event loop (tool servers via Pool.apply,
+tokens and policies, open sessions, calls waiting for approval), the config generation and
+digest, the result of the last reload, and telling systemd (RELOADING=1 … READY=1).
+
+An invalid config changes nothing: the running one stays, the errors are logged, kept for
+`gatewayctl status`, and returned to `gatewayctl reload`. An unchanged config is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import watchfiles
+
+from gatewayd import policy, systemd
+from gatewayd.config.loader import POLICIES_DIR, TOOLS_DIR, ConfigInvalid, Snapshot, config_digest, load_snapshot
+from gatewayd.upstream.pool import PoolDiff
+from gatewayd.web.auth import TokenTable
+from gatewayd.web.mcp_http import WebState
+
+logger = logging.getLogger(__name__)
+
+# watchfiles groups changes until the files have been quiet this long (an editor's save is several events)…
+QUIET_MS = 200
+# …or at most this long, so a file rewritten in a loop still gets reloaded.
+MAX_GROUP_MS = 1600
+# How long shutdown waits for the watcher thread to notice it should stop.
+WATCH_STOP_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class NamesDiff:
+    """Names added, removed or changed between two configs (clients, roles, operators)."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+
+    @classmethod
+    def between(cls, old: dict[str, Any], new: dict[str, Any]) -> NamesDiff:
+        return cls(sorted(set(new) - set(old)), sorted(set(old) - set(new)),
+                   sorted(name for name in set(old) & set(new) if old[name] != new[name]))
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    """What one reload did, for the log, `gatewayctl reload` and `gatewayctl status`."""
+
+    ok: bool
+    trigger: str
+    generation: int
+    changed: bool = False
+    errors: list[str] = field(default_factory=list)
+    servers: PoolDiff = field(default_factory=PoolDiff)
+    clients: NamesDiff = field(default_factory=NamesDiff)
+    roles: NamesDiff = field(default_factory=NamesDiff)
+    operators: NamesDiff = field(default_factory=NamesDiff)
+    at: float = field(default_factory=time.time)
+
+    def view(self) -> dict[str, Any]:
+        """JSON for the admin API."""
+        names = ("added", "removed", "changed")
+        return {
+            "ok": self.ok, "trigger": self.trigger, "generation": self.generation, "changed": self.changed,
+            "errors": self.errors, "at": self.at,
+            "servers": {key: getattr(self.servers, key) for key in (*names, "unchanged")},
+            **{kind: {key: getattr(getattr(self, kind), key) for key in names}
+               for kind in ("clients", "roles", "operators")},
+        }
+
+
+class Reloader:
+    """The current snapshot and its generation, and the one way to replace them."""
+
+    def __init__(self, state: WebState, snapshot: Snapshot, drain: float) -> None:
+        self.state = state
+        self.snapshot = snapshot
+        self.drain = drain
+        self.generation = 1
+        self.last: ReloadResult | None = None
+        self.reloads = 0
+        self.failures = 0
+        self._lock = asyncio.Lock()
+        self._requests: asyncio.Queue[str] = asyncio.Queue()
+        self._stop_watching = asyncio.Event()
+
+    @property
+    def config_dir(self) -> Path:
+        return self.snapshot.config_dir
+
+    def request(self, trigger: str) -> None:
+        """Ask for a reload from a signal handler; `serve_requests` carries it out."""
+        self._requests.put_nowait(trigger)
+
+    async def serve_requests(self) -> None:
+        """Carry out requested reloads (SIGHUP) one at a time, forever."""
+        while True:
+            await self.reload(await self._requests.get())
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Read, validate and apply the config directory. Never raises for a bad config: the result says."""
+        async with self._lock:
+            systemd.notify("RELOADING=1", systemd.monotonic_usec(), f"STATUS=reloading ({trigger})")
+            try:
+                result = await self._reload(trigger)
+            finally:
+                systemd.notify("READY=1", f"STATUS={self._status_line()}")
+            self.last = result
+            return result
+
+    async def _reload(self, trigger: str) -> ReloadResult:
+        try:
+            # Reading files is blocking I/O: off the event loop.
+            snapshot = await asyncio.to_thread(load_snapshot, self.config_dir)
+        except ConfigInvalid as exc:
+            self.failures += 1
+            errors = [str(error) for error in exc.errors]
+            for line in errors:
+                logger.error("reload (%s) refused, generation %d stays: %s", trigger, self.generation, line)
+            return ReloadResult(False, trigger, self.generation, errors=errors)
+        if snapshot.digest == self.snapshot.digest:
+            logger.info("reload (%s): config unchanged, generation %d stays", trigger, self.generation)
+            return ReloadResult(True, trigger, self.generation)
+        result = self._apply(snapshot, trigger)
+        logger.info("reload (%s): generation %d applied: %s", trigger, self.generation, _summary(result))
+        return result
+
+    def _apply(self, snapshot: Snapshot, trigger: str) -> ReloadResult:
+        """Switch everything to `snapshot` without yielding to the event loop: no request sees half of it."""
+        old = self.snapshot
+        state = self.state
+        servers = state.gateway.pool.apply(snapshot, self.drain)
+        state.tokens = TokenTable(snapshot)
+        self.snapshot = snapshot
+        self.generation += 1
+        self.reloads += 1
+        self._update_sessions(servers)
+        self._recheck_approvals()
+        return ReloadResult(True, trigger, self.generation, changed=True, servers=servers,
+                            clients=NamesDiff.between(old.clients, snapshot.clients),
+                            roles=NamesDiff.between(old.roles, snapshot.roles),
+                            operators=NamesDiff.between(old.operators, snapshot.operators))
+
+    def _update_sessions(self, servers: PoolDiff) -> None:
+        """Open sessions get their client's new grants at once; those whose tool list may differ are told."""
+        tokens = self.state.tokens
+        message = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+        for session in self.state.sessions.all():
+            principal = tokens.principal(session.principal.name)
+            if principal is None:
+                logger.info("session of removed client %s ended by the reload", session.principal.name)
+                self.state.sessions.delete(session.id)
+                continue
+            old, session.principal = session.principal, principal
+            visible = any(policy.may_see_server(p, name) for p in (old, principal) for name in servers.touched)
+            if visible or old.grants != principal.grants:
+                session.push(message)
+
+    def _recheck_approvals(self) -> None:
+        """A call waiting for approval whose permission the reload removed will never run."""
+        approvals = self.state.gateway.approvals
+        for approval in approvals.pending():
+            principal = self.state.tokens.principal(approval.client)
+            allowed = principal is not None and policy.decide(principal, approval.method, approval.arguments,
+                                                             confirm_required=True).decision is not policy.Decision.DENY
+            if not allowed:
+                approvals.withdraw(approval, "a config reload removed the permission")
+
+    # -- status ------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """Generation, digest, whether the files on disk still match, and the last reload's result."""
+        on_disk = await asyncio.to_thread(config_digest, self.config_dir)
+        return {
+            "generation": self.generation, "digest": self.snapshot.digest, "in_sync": on_disk == self.snapshot.digest,
+            "config_dir": str(self.config_dir), "reloads": self.reloads, "reload_failures": self.failures,
+            "last_reload": self.last.view() if self.last else None,
+        }
+
+    def _status_line(self) -> str:
+        servers = len(self.state.gateway.pool.servers)
+        if self.last is not None and not self.last.ok:
+            return f"generation {self.generation}, {servers} tool servers; last reload FAILED"
+        return f"generation {self.generation}, {servers} tool servers"
+
+    # -- watching files ----------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Reload when files under tools.d/ or policies/ change, until `stop_watching`. Follows a symlinked
+        tools.d/ or policies/ being swapped to another directory. A watcher that fails is logged, not fatal."""
+        try:
+            await self._watch()
+        except Exception as exc:  # inotify limits, a vanished directory: the daemon serves on without watching
+            logger.error("watching %s failed (%s); reload with SIGHUP or gatewayctl reload", self.config_dir, exc)
+
+    async def _watch(self) -> None:
+        while not self._stop_watching.is_set():
+            targets = self._watch_targets()
+            watcher = watchfiles.awatch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
+                                        stop_event=self._stop_watching, recursive=False)
+            async with contextlib.aclosing(watcher) as changes_seen:
+                async for changes in changes_seen:
+                    names = sorted({os.path.basename(path) for _, path in changes})
+                    await self.reload(f"files changed: {', '.join(names)[:200]}")
+                    if self._watch_targets() != targets:
+                        logger.info("config directories moved: watching the new ones")
+                        break
+
+    async def stop_watching(self, watcher: asyncio.Task[None]) -> None:
+        """End `watch` (its thread polls the stop event), bounded."""
+        self._stop_watching.set()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            async with asyncio.timeout(WATCH_STOP_TIMEOUT):
+                await watcher
+        if not watcher.done():
+            watcher.cancel()
+
+    def _watch_targets(self) -> list[str]:
+        # The config directory itself sees tools.d/ or policies/ replaced (a symlink swap, a rename);
+        # the resolved directories see the files. Not recursive: only their own *.toml files count.
+        targets = [os.path.realpath(self.config_dir)]
+        for name in (TOOLS_DIR, POLICIES_DIR):
+            real = os.path.realpath(self.config_dir / name)
+            if os.path.isdir(real):
+                targets.append(real)
+        return targets
+
+    def _relevant(self, _change: watchfiles.Change, path: str) -> bool:
+        name = os.path.basename(path)
+        if name in (TOOLS_DIR, POLICIES_DIR):
+            return True
+        # Editor swap and backup files (.x.swp, x~, .#x, 4913) and anything not *.toml are not config.
+        return name.endswith(".toml") and not name.startswith(".") and self._in_config(path)
+
+    def _in_config(self, path: str) -> bool:
+        parent = os.path.dirname(path)
+        return any(parent == os.path.realpath(self.config_dir / name) or parent == str(self.config_dir / name)
+                   for name in (TOOLS_DIR, POLICIES_DIR))
+
+
+def _summary(result: ReloadResult) -> str:
+    parts = [f"servers {kind} {', '.join(names)}" for kind in ("added", "removed", "changed")
+             if (names := getattr(result.servers, kind))]
+    for kind in ("clients", "roles", "operators"):
+        diff: NamesDiff = getattr(result, kind)
+        if diff:
+            parts.append(f"{kind} changed")
+    return "; ".join(parts) or "no server changed"
