@@ -458,9 +458,17 @@ class Gateway:
             self.approvals.decide(approval.id, approve=approve, by=who, channel=approvals.CLIENT, reason=reason)
 
         self._elicitations[key] = deliver
-        ctx.emit({"jsonrpc": "2.0", "id": request_id, "method": "elicitation/create",
-                  "params": {"mode": "form", "message": message, "requestedSchema": ELICIT_SCHEMA}})
-        return lambda: self._elicitations.pop(key, None) and None
+        emit = ctx.emit
+        emit({"jsonrpc": "2.0", "id": request_id, "method": "elicitation/create",
+              "params": {"mode": "form", "message": message, "requestedSchema": ELICIT_SCHEMA}})
+
+        def withdraw_question() -> None:
+            # Settled some other way (an operator, expiry, withdrawal): let the client close its question.
+            if self._elicitations.pop(key, None) is not None:
+                emit({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                      "params": {"requestId": request_id, "reason": f"approval {approval.state.value}"}})
+
+        return withdraw_question
 
     async def _audit_approval(self, info: _CallInfo, event: str, approval: approvals.Approval, *,
                               durable: bool) -> None:

@@ -31,12 +31,22 @@ from gatewayd.web.mcp_http import WebState
 
 logger = logging.getLogger(__name__)
 
-# watchfiles groups changes until the files have been quiet this long (an editor's save is several events)…
-QUIET_MS = 200
-# …or at most this long, so a file rewritten in a loop still gets reloaded.
+# watchfiles hands over a batch of changes after this long without a new kind of change (it keeps a set, so
+# the same file written again does not count as new)…
+QUIET_MS = 50
+# …or at most this long.
 MAX_GROUP_MS = 1600
+# So the reloader itself waits until the files' contents have stopped changing for SETTLE_QUIET (an editor's
+# save is several writes, a deploy script may save in a loop), but at most SETTLE_MAX: one reload per burst.
+SETTLE_QUIET = 0.25
+SETTLE_MAX = 3.0
 # How long shutdown waits for the watcher thread to notice it should stop.
 WATCH_STOP_TIMEOUT = 10.0
+# The watcher wakes this often with no change. On its first wake-up (its watches are in place by then) and every
+# DRIFT_CHECK_INTERVAL after, the files are compared with the running config: a change made while the watches
+# were being set up, or an event the filesystem never sent, is not missed for long.
+WATCH_TICK_MS = 1000
+DRIFT_CHECK_INTERVAL = 30.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,9 @@ class Reloader:
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[str] = asyncio.Queue()
         self._stop_watching = asyncio.Event()
+        # Digest of the files a reload last refused: a periodic check does not retry the same broken files.
+        self._refused_digest: str | None = None
+        self._next_drift_check = 0.0
 
     @property
     def config_dir(self) -> Path:
@@ -128,6 +141,7 @@ class Reloader:
             snapshot = await asyncio.to_thread(load_snapshot, self.config_dir)
         except ConfigInvalid as exc:
             self.failures += 1
+            self._refused_digest = await asyncio.to_thread(config_digest, self.config_dir)
             errors = [str(error) for error in exc.errors]
             for line in errors:
                 logger.error("reload (%s) refused, generation %d stays: %s", trigger, self.generation, line)
@@ -211,14 +225,39 @@ class Reloader:
         while not self._stop_watching.is_set():
             targets = self._watch_targets()
             watcher = watchfiles.awatch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
-                                        stop_event=self._stop_watching, recursive=False)
+                                        stop_event=self._stop_watching, recursive=False, rust_timeout=WATCH_TICK_MS,
+                                        yield_on_timeout=True)
             async with contextlib.aclosing(watcher) as changes_seen:
                 async for changes in changes_seen:
+                    if not changes:
+                        await self._check_drift()
+                        continue
                     names = sorted({os.path.basename(path) for _, path in changes})
+                    await self._settle()
                     await self.reload(f"files changed: {', '.join(names)[:200]}")
                     if self._watch_targets() != targets:
                         logger.info("config directories moved: watching the new ones")
                         break
+
+    async def _settle(self) -> None:
+        """Return once the config files have not changed for SETTLE_QUIET, or after SETTLE_MAX."""
+        deadline = time.monotonic() + SETTLE_MAX
+        previous = await asyncio.to_thread(config_digest, self.config_dir)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(SETTLE_QUIET)  # a debounce timer: the files get time to stop changing
+            current = await asyncio.to_thread(config_digest, self.config_dir)
+            if current == previous:
+                return
+            previous = current
+
+    async def _check_drift(self) -> None:
+        now = time.monotonic()
+        if now < self._next_drift_check:
+            return
+        self._next_drift_check = now + DRIFT_CHECK_INTERVAL
+        on_disk = await asyncio.to_thread(config_digest, self.config_dir)
+        if on_disk not in (self.snapshot.digest, self._refused_digest):
+            await self.reload("files differ from the running config")
 
     async def stop_watching(self, watcher: asyncio.Task[None]) -> None:
         """End `watch` (its thread polls the stop event), bounded."""
