@@ -28,11 +28,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gatewayd import __version__, approvals
+from gatewayd import __version__, approvals, metrics
 from gatewayd.errors import GatewayError
-from gatewayd.gateway import Gateway
 from gatewayd.reloader import Reloader
-from gatewayd.sessions import Sessions
+from gatewayd.web.mcp_http import WebState
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +45,7 @@ CLIENT_TIMEOUT = 30.0
 # Probing whether an existing socket belongs to a live daemon.
 PROBE_TIMEOUT = 1.0
 
-GATEWAY = web.AppKey("gateway", Gateway)
-SESSIONS = web.AppKey("sessions", Sessions)
+STATE = web.AppKey("state", WebState)
 RELOADER = web.AppKey("reloader", Reloader)
 STARTED = web.AppKey("started", float)
 
@@ -59,15 +57,15 @@ class AdminUnavailable(Exception):
 # -- server ----------------------------------------------------------------------------------
 
 
-def create_app(gateway: Gateway, sessions: Sessions, reloader: Reloader) -> web.Application:
+def create_app(state: WebState, reloader: Reloader) -> web.Application:
     """The admin application."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app[GATEWAY] = gateway
-    app[SESSIONS] = sessions
+    app[STATE] = state
     app[RELOADER] = reloader
     app[STARTED] = time.time()
     app.router.add_get(f"{API}/status", _status)
     app.router.add_post(f"{API}/reload", _reload)
+    app.router.add_get(f"{API}/metrics", _metrics)
     app.router.add_post(API + "/servers/{name}/restart", _restart)
     app.router.add_get(f"{API}/approvals", _approvals)
     app.router.add_post(API + "/approvals/{id}/{verdict:approve|deny}", _decide)
@@ -119,7 +117,8 @@ def peer(request: web.Request) -> str:
 
 
 async def _status(request: web.Request) -> web.Response:
-    gateway, sessions = request.app[GATEWAY], request.app[SESSIONS]
+    state = request.app[STATE]
+    gateway, sessions = state.gateway, state.sessions
     servers = {name: server.status() for name, server in sorted(gateway.pool.servers.items())}
     return web.json_response({
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
@@ -131,6 +130,13 @@ async def _status(request: web.Request) -> web.Response:
     })
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    render = request.app[STATE].metrics
+    if render is None:
+        return web.Response(status=503, text="metrics are not wired\n")
+    return web.Response(body=(await render()).encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
 async def _reload(request: web.Request) -> web.Response:
     result = await request.app[RELOADER].reload(f"gatewayctl reload by {peer(request)}")
     return web.json_response(result.view(), status=200 if result.ok else 422)
@@ -138,7 +144,7 @@ async def _reload(request: web.Request) -> web.Response:
 
 async def _restart(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    server = request.app[GATEWAY].pool.get(name)
+    server = request.app[STATE].gateway.pool.get(name)
     if server is None:
         return web.json_response({"ok": False, "message": f"no tool server {name!r}"}, status=404)
     logger.info("server=%s restarted by %s", name, peer(request))
@@ -150,7 +156,7 @@ async def _restart(request: web.Request) -> web.Response:
 
 
 async def _approvals(request: web.Request) -> web.Response:
-    pending = request.app[GATEWAY].approvals.pending()
+    pending = request.app[STATE].gateway.approvals.pending()
     return web.json_response({"approvals": [approval.view() for approval in pending]})
 
 
@@ -158,7 +164,7 @@ async def _decide(request: web.Request) -> web.Response:
     approve = request.match_info["verdict"] == "approve"
     reason = await _reason(request)
     by = f"operator {peer(request)} (gatewayctl)"
-    answer = request.app[GATEWAY].approvals.decide(request.match_info["id"], approve=approve, by=by,
+    answer = request.app[STATE].gateway.approvals.decide(request.match_info["id"], approve=approve, by=by,
                                                    channel=approvals.CLI, reason=reason)
     if answer.ok:
         logger.info("%s: %s", by, answer.message)
@@ -188,21 +194,29 @@ class AdminClient:
         self.path = path
 
     async def call(self, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-        """Send one admin request. Raises AdminUnavailable with a readable reason if the daemon is unreachable."""
+        """Send one admin request; its status and JSON answer. Raises AdminUnavailable with a readable reason if
+        the daemon is unreachable."""
+        status, text = await self._request(method, route, body)
+        with contextlib.suppress(ValueError):
+            return status, json.loads(text)
+        return status, {"ok": False, "message": text.strip()}
+
+    async def text(self, route: str) -> tuple[int, str]:
+        """GET a plain-text route (metrics)."""
+        return await self._request("GET", route, None)
+
+    async def _request(self, method: str, route: str, body: dict[str, Any] | None) -> tuple[int, str]:
         self._check_socket()
         connector = aiohttp.UnixConnector(path=str(self.path))
         timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT)
         try:
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
                     session.request(method, f"http://gatewayd{API}{route}", json=body) as response:
-                text = await response.text()
+                return response.status, await response.text()
         except aiohttp.ClientConnectorError as exc:
             raise AdminUnavailable(self._why(exc.os_error)) from exc
         except TimeoutError as exc:
             raise AdminUnavailable(f"gatewayd did not answer on {self.path} within {CLIENT_TIMEOUT:g}s") from exc
-        with contextlib.suppress(ValueError):
-            return response.status, json.loads(text)
-        return response.status, {"ok": False, "message": text.strip()}
 
     def _check_socket(self) -> None:
         if not self.path.exists():

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
@@ -24,6 +24,7 @@ from gatewayd.reloader import Reloader
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
+from gatewayd.upstream.server import State
 from gatewayd.web import console
 from gatewayd.web.app import MCP_PATH, create_app
 from gatewayd.web.auth import TokenTable
@@ -44,6 +45,41 @@ def build(settings: Settings, snapshot: Snapshot) -> WebState:
     pool = Pool(snapshot, on_tools_changed=lambda name: gateway.tools_changed(name))
     gateway = Gateway(pool, settings.tool_name_separator, sessions, AuditLog(settings.audit_file()))
     return WebState(settings, gateway, sessions, TokenTable(snapshot))
+
+
+def observe(state: WebState, reloader: Reloader) -> None:
+    """Wire the metrics: gauges read from their owners at each scrape, served by /metrics and the admin socket."""
+    gateway = state.gateway
+
+    def gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
+        servers = list(gateway.pool.servers.values())
+        for name in State:
+            yield ("gatewayd_servers", "Tool servers by state.", {"state": name.value},
+                   sum(1 for server in servers if server.state is name))
+        children = [s for s in [*servers, *gateway.pool.retiring] if s.pid is not None]
+        yield "gatewayd_children_running", "Tool server processes running (retiring ones too).", {}, len(children)
+        for server in servers:
+            yield ("gatewayd_server_restarts_total", "Restarts after a crash, by server.", {"server": server.name},
+                   server.restarts)
+            status = server.status()
+            yield ("gatewayd_server_calls_in_flight", "Calls running on each server.", {"server": server.name},
+                   status["in_flight"])
+        yield "gatewayd_sessions", "Open MCP sessions.", {}, len(state.sessions)
+        yield "gatewayd_pending_approvals", "Calls waiting for a person's confirmation.", {}, len(gateway.approvals)
+        yield "gatewayd_reloads_total", "Config reloads applied.", {}, reloader.reloads
+        yield "gatewayd_reload_failures_total", "Config reloads refused (invalid config).", {}, reloader.failures
+        yield "gatewayd_config_generation", "Generation of the running config.", {}, reloader.generation
+        yield ("gatewayd_config_in_sync", "1 when the files on disk are the running config.", {},
+               1 if reloader.in_sync else 0)
+        yield "gatewayd_audit_healthy", "1 while the audit log can be written.", {}, 1 if gateway.audit.healthy else 0
+
+    gateway.metrics.add_gauges(gauges)
+
+    async def text() -> str:
+        await reloader.check_sync()
+        return gateway.metrics.render()
+
+    state.metrics = text
 
 
 def listen_on(state: WebState, port: int) -> None:
@@ -75,6 +111,7 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
     runner = make_runner(state)
     await runner.setup()
     reloader = Reloader(state, snapshot, settings.reload_drain)
+    observe(state, reloader)
     admin_runner = AdminSocket(state, reloader)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -145,7 +182,7 @@ class AdminSocket:
             logger.info("admin socket disabled")
             return
         admin.prepare_socket(path)
-        app = admin.create_app(self._state.gateway, self._state.sessions, self._reloader)
+        app = admin.create_app(self._state, self._reloader)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         # Bound with no access for group and others; the configured mode is applied right after.

@@ -128,8 +128,10 @@ def _ctl_parser() -> argparse.ArgumentParser:
     new = token.add_parser("new", help="make a token for CLIENT (or an operator), print it once, store its hash")
     new.add_argument("client")
     new.add_argument("--role", action="append", dest="roles", help="role to give the client (repeatable)")
-    new.add_argument("--operator", action="store_true",
-                     help="make an operator token (approves calls on the web page) instead of a client's")
+    kind = new.add_mutually_exclusive_group()
+    kind.add_argument("--operator", action="store_true",
+                      help="make an operator token (approves calls on the web page) instead of a client's")
+    kind.add_argument("--scraper", action="store_true", help="make a token that can only read /metrics")
     new.add_argument("--policy-file", type=Path, help=f"policy file to write (default: policies/{DEFAULT_POLICY_FILE})")
     dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
     dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
@@ -152,21 +154,22 @@ def _ctl_parser() -> argparse.ArgumentParser:
     reload.add_argument("--json", action="store_true", help="print JSON")
     restart = verbs.add_parser("restart", help="restart a tool server's child (and leave the failed state)")
     restart.add_argument("server")
+    verbs.add_parser("metrics", help="print the daemon's Prometheus metrics")
     return parser
 
 
 def _token_new(args: argparse.Namespace) -> int:
     path = args.policy_file or args.config_dir / POLICIES_DIR / DEFAULT_POLICY_FILE
     token = new_token()
-    if args.operator:
+    kind = "operator" if args.operator else "scraper" if args.scraper else "client"
+    if kind != "client":
         if args.roles:
-            print("gatewayctl: operators have no roles; drop --role", file=sys.stderr)
+            print(f"gatewayctl: a {kind} has no roles; drop --role", file=sys.stderr)
             return EXIT_USAGE
-        set_operator_token(path, args.client, hash_token(token))
+        set_operator_token(path, args.client, hash_token(token), kind=f"{kind}s")
     else:
         set_client_token(path, args.client, hash_token(token), args.roles)
     print(token)
-    kind = "operator" if args.operator else "client"
     print(f"gatewayctl: stored the hash for {kind} {args.client!r} in {path}; the token is shown only once",
           file=sys.stderr)
     return 0
@@ -234,6 +237,10 @@ def _admin(args: argparse.Namespace) -> AdminClient:
 
 def _ask(args: argparse.Namespace, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     return asyncio.run(_admin(args).call(method, route, body))
+
+
+def _ask_text(args: argparse.Namespace, route: str) -> tuple[int, str]:
+    return asyncio.run(_admin(args).text(route))
 
 
 def _approvals(args: argparse.Namespace) -> int:
@@ -322,6 +329,12 @@ def _diff_lines(result: dict[str, Any]) -> list[str]:
     return lines or ["no server, client, role or operator changed"]
 
 
+def _metrics(args: argparse.Namespace) -> int:
+    status, text = _ask_text(args, "/metrics")
+    print(text, end="")
+    return 0 if status == 200 else EXIT_REFUSED
+
+
 def _restart(args: argparse.Namespace) -> int:
     _, answer = _ask(args, "POST", f"/servers/{args.server}/restart")
     print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
@@ -339,7 +352,7 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
     args = _ctl_parser().parse_args(argv)
     verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain,
              "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status, "reload": _reload,
-             "restart": _restart}
+             "restart": _restart, "metrics": _metrics}
     try:
         return verbs[args.verb](args)
     except AdminUnavailable as exc:

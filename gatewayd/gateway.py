@@ -36,6 +36,7 @@ from gatewayd.errors import (
     UpstreamError,
 )
 from gatewayd.jsonrpc import Notification, Request, Response
+from gatewayd.metrics import Metrics
 from gatewayd.policy import Decision, Principal
 from gatewayd.sessions import LOG_LEVELS, Session, Sessions
 from gatewayd.upstream.pool import Pool
@@ -144,6 +145,7 @@ class Gateway:
         self.sessions = sessions
         self.audit = audit_log or audit.AuditLog(None)
         self.approvals = approvals.Approvals()
+        self.metrics = Metrics()
         # Where a person can approve on the web, told to waiting callers (None: no page).
         self.approval_url: str | None = None
         self.separator = tool_name_separator
@@ -288,6 +290,8 @@ class Gateway:
 
     async def _decided(self, info: _CallInfo, decision: str, *, durable: bool = False, **fields: Any) -> None:
         """Record a decision; durable ones are on disk before this returns, or AuditUnavailable is raised."""
+        if decision == "deny":
+            self.metrics.observe_denied()
         if not self.audit.enabled:
             return
         event = info.record("decision", decision=decision, params_sha256=audit.params_hash(info.arguments),
@@ -295,9 +299,12 @@ class Gateway:
         await self.audit.record(event, durable=durable)
 
     async def _outcome(self, info: _CallInfo, status: str, **fields: Any) -> None:
+        seconds = time.monotonic() - info.started
+        server, _, method = info.method.partition(".")
+        self.metrics.observe_call(server, method, status, seconds)
         if not self.audit.enabled:
             return
-        duration_ms = round((time.monotonic() - info.started) * 1000, 3)
+        duration_ms = round(seconds * 1000, 3)
         await self.audit.record(info.record("outcome", status=status, duration_ms=duration_ms, **fields),
                                 durable=False)
 

@@ -109,6 +109,8 @@ class Reloader:
         self._stop_watching = asyncio.Event()
         # Digest of the files a reload last refused: a periodic check does not retry the same broken files.
         self._refused_digest: str | None = None
+        # Whether the files on disk were the running config when last checked (check_sync).
+        self.in_sync = True
         self._next_drift_check = 0.0
 
     @property
@@ -196,11 +198,16 @@ class Reloader:
 
     # -- status ------------------------------------------------------------------------------
 
+    async def check_sync(self) -> bool:
+        """Compare the files on disk with the running config now; remembered in `in_sync`."""
+        on_disk = await asyncio.to_thread(config_digest, self.config_dir)
+        self.in_sync = on_disk == self.snapshot.digest
+        return self.in_sync
+
     async def status(self) -> dict[str, Any]:
         """Generation, digest, whether the files on disk still match, and the last reload's result."""
-        on_disk = await asyncio.to_thread(config_digest, self.config_dir)
         return {
-            "generation": self.generation, "digest": self.snapshot.digest, "in_sync": on_disk == self.snapshot.digest,
+            "generation": self.generation, "digest": self.snapshot.digest, "in_sync": await self.check_sync(),
             "config_dir": str(self.config_dir), "reloads": self.reloads, "reload_failures": self.failures,
             "last_reload": self.last.view() if self.last else None,
         }

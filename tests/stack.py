@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gatewayd.app import AdminSocket, build, listen_on, make_runner
+from gatewayd.app import AdminSocket, build, listen_on, make_runner, observe
 from gatewayd.config.loader import load_snapshot
 from gatewayd.reloader import Reloader
 from gatewayd.settings import Settings
@@ -55,7 +55,9 @@ async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tupl
     await site.start()
     port = int(runner.addresses[0][1])
     listen_on(state, port)
-    admin_socket = AdminSocket(state, Reloader(state, snapshot, state.settings.reload_drain))
+    reloader = Reloader(state, snapshot, state.settings.reload_drain)
+    observe(state, reloader)
+    admin_socket = AdminSocket(state, reloader)
     await admin_socket.start(state.settings)
     client = LocalClient(port)
     try:

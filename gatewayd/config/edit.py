@@ -32,9 +32,10 @@ def set_client_token(path: Path, client: str, digest: str, roles: list[str] | No
     write_atomic(path, tomli_w.dumps(data).encode("utf-8"))
 
 
-def set_operator_token(path: Path, operator: str, digest: str) -> None:
-    """Give operator `operator` the token whose SHA-256 is `digest` (replacing its old ones) in `path`."""
-    data, entry = _token_holder(path, "operators", operator)
+def set_operator_token(path: Path, operator: str, digest: str, kind: str = "operators") -> None:
+    """Give operator (or, with kind="scrapers", metrics scraper) `operator` the token whose SHA-256 is `digest`
+    (replacing its old ones) in `path`."""
+    data, entry = _token_holder(path, kind, operator)
     entry["token_sha256"] = digest
     write_atomic(path, tomli_w.dumps(data).encode("utf-8"))
 

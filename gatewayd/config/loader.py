@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gatewayd.config.models import SERVER_NAME, Client, Operator, PolicyFile, Role, ServerConfig
+from gatewayd.config.models import SERVER_NAME, Client, Operator, PolicyFile, Role, Scraper, ServerConfig
 from gatewayd.errors import ConfigError
 
 TOOLS_DIR = "tools.d"
@@ -43,6 +43,7 @@ class Snapshot:
     roles: dict[str, Role]
     clients: dict[str, Client]
     operators: dict[str, Operator] = field(default_factory=dict)
+    scrapers: dict[str, Scraper] = field(default_factory=dict)
     # Which file defined each role and client, so errors and `explain` can name it.
     sources: dict[str, str] = field(default_factory=dict)
     config_dir: Path = Path(".")
@@ -182,6 +183,7 @@ class Policies:
     roles: dict[str, Role] = field(default_factory=dict)
     clients: dict[str, Client] = field(default_factory=dict)
     operators: dict[str, Operator] = field(default_factory=dict)
+    scrapers: dict[str, Scraper] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -198,6 +200,7 @@ def load_policies(directory: Path, errors: list[ConfigError], digest: Any = None
         _merge("roles", policy.roles.items(), path, merged.roles, merged.sources, errors)
         _merge("clients", policy.clients.items(), path, merged.clients, merged.sources, errors)
         _merge("operators", policy.operators.items(), path, merged.operators, merged.sources, errors)
+        _merge("scrapers", policy.scrapers.items(), path, merged.scrapers, merged.sources, errors)
     _check_references(merged, errors)
     return merged
 
@@ -213,6 +216,7 @@ def _check_references(policies: Policies, errors: list[ConfigError]) -> None:
     seen_tokens: dict[str, str] = {}
     holders = [("clients", n, c.token_sha256) for n, c in policies.clients.items()]
     holders += [("operators", n, o.token_sha256) for n, o in policies.operators.items()]
+    holders += [("scrapers", n, o.token_sha256) for n, o in policies.scrapers.items()]
     for kind, name, digests in holders:
         for digest in digests:
             if digest in seen_tokens:
@@ -233,4 +237,5 @@ def load_snapshot(config_dir: Path) -> Snapshot:
     if errors:
         raise ConfigInvalid(errors)
     return Snapshot(servers=servers, roles=policies.roles, clients=policies.clients, operators=policies.operators,
-                    sources=policies.sources, config_dir=config_dir, digest=digest.hexdigest())
+                    scrapers=policies.scrapers, sources=policies.sources, config_dir=config_dir,
+                    digest=digest.hexdigest())

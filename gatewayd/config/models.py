@@ -242,14 +242,19 @@ class Operator(_TokenHolder):
     """
 
 
+class Scraper(_TokenHolder):
+    """A metrics collector (Prometheus): its token reads /metrics and nothing else."""
+
+
 class PolicyFile(_Strict):
     """One `policies/*.toml`; all such files are merged."""
 
     roles: dict[str, Role] = Field(default_factory=dict)
     clients: dict[str, Client] = Field(default_factory=dict)
     operators: dict[str, Operator] = Field(default_factory=dict)
+    scrapers: dict[str, Scraper] = Field(default_factory=dict)
 
-    @field_validator("clients", "operators")
+    @field_validator("clients", "operators", "scrapers")
     @classmethod
     def _client_names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for name in value:

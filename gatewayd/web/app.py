@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from gatewayd import metrics
 from gatewayd.errors import HttpError
 from gatewayd.web import console, limits, mcp_http
 from gatewayd.web.mcp_http import STATE, WebState
@@ -48,6 +49,15 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus metrics, for a scraper's token only (policies: [scrapers.NAME])."""
+    state = request.app[STATE]
+    state.tokens.scraper(request.headers.get("Authorization"))
+    if state.metrics is None:
+        raise HttpError(503, "metrics are not wired in this server")
+    return web.Response(body=(await state.metrics()).encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+
+
 def create_app(state: WebState) -> web.Application:
     """The application; `state.hosts`/`origins` are filled in once the listening port is known."""
     # The guard runs first, so a 408 or 429 from the limits reaches the client as a response too.
@@ -58,6 +68,7 @@ def create_app(state: WebState) -> web.Application:
     app.router.add_get(MCP_PATH, mcp_http.handle_get)
     app.router.add_delete(MCP_PATH, mcp_http.handle_delete)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
     if state.settings.approval_page:
         console.add_routes(app)
     return app

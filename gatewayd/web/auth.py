@@ -32,7 +32,7 @@ def hash_token(token: str) -> str:
 
 
 class TokenTable:
-    """The clients and the operators of one snapshot, by token digest; the two sets never share a token."""
+    """The clients, operators and scrapers of one snapshot, by token digest; no two share a token."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._entries = [
@@ -40,6 +40,9 @@ class TokenTable:
         ]
         self._operators = [
             (bytes.fromhex(digest), name) for name, op in snapshot.operators.items() for digest in op.token_sha256
+        ]
+        self._scrapers = [
+            (bytes.fromhex(digest), name) for name, sc in snapshot.scrapers.items() for digest in sc.token_sha256
         ]
         self._principals: dict[str, Principal] = {name: principal_for(snapshot, name) for name in snapshot.clients}
 
@@ -50,6 +53,10 @@ class TokenTable:
     def principal(self, name: str) -> Principal | None:
         """The Principal of client `name` in this snapshot, if it still exists."""
         return self._principals.get(name)
+
+    def scraper(self, header: str | None) -> str:
+        """The metrics scraper named by an `Authorization` header. Raises HttpError(401) otherwise."""
+        return _lookup(header, self._scrapers)
 
     def operator(self, header: str | None) -> str:
         """The operator named by an `Authorization` header. Raises HttpError(401) otherwise (client tokens too)."""

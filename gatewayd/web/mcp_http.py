@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ class WebState:
     # Host and Origin values served; empty until the daemon knows its port.
     hosts: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
+    # The Prometheus text of the whole daemon, once the daemon has wired it (app.observe).
+    metrics: Callable[[], Awaitable[str]] | None = None
 
 
 STATE = web.AppKey("state", WebState)

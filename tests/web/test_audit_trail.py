@@ -17,7 +17,9 @@ dangerous = true
 [methods.crash]
 confirm = true
 """
-ROLES = '[roles.r]\nallow = ["spy.*"]\n[roles.r.args."spy.echo".text]\nmax_length = 10\noptional = true\n'
+ROLES = ('[roles.r]\nallow = ["spy.*"]\n[roles.r.args."spy.echo".text]\nmax_length = 10\noptional = true\n'
+         # Nobody answers the confirmation here: it expires at once.
+         '[roles.r.confirmation."spy.*"]\ntimeout = "10ms"\n')
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -56,7 +58,8 @@ async def test_every_call_leaves_its_records(tmp_path: Path) -> None:
         ("decision", 7, "allow", None), ("outcome", 7, None, "ok"),
         ("decision", 8, "deny", None),
         ("decision", 9, "deny", None),
-        ("decision", 10, "confirm", None),
+        ("decision", 10, "confirm", None), ("approval_requested", 10, None, None),
+        ("approval_decided", 10, None, None), ("outcome", 10, None, "confirmation_expired"),
         ("decision", None, "allow", None), ("outcome", None, None, "sent"),
     ]
     first = records[0]
