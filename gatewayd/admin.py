@@ -94,8 +94,9 @@ def prepare_socket(path: Path) -> None:
 
 def secure_socket(path: Path, mode: int, group: str) -> None:
     """Give the socket its mode and group. Called right after bind, which ran under a umask of 0177."""
-    if group:
-        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+    # chown only when it changes something: the unit's system-call filter refuses chown.
+    if group and (gid := grp.getgrnam(group).gr_gid) != path.stat().st_gid:
+        os.chown(path, -1, gid)
     os.chmod(path, mode)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -100,6 +101,8 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
             print(f"gatewayd: setting {'.'.join(map(str, detail['loc']))}: {detail['msg']}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(settings.log_level)
+    # A hang that the systemd watchdog ends with SIGABRT leaves every thread's stack in the journal.
+    faulthandler.enable()
     try:
         if args.check:
             snapshot = load_snapshot(settings.config_dir)

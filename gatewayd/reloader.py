@@ -231,6 +231,7 @@ class Reloader:
     async def _watch(self) -> None:
         while not self._stop_watching.is_set():
             targets = self._watch_targets()
+            self._next_drift_check = 0.0  # a new watcher's first tick compares the files: nothing slips in between
             watcher = watchfiles.awatch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
                                         stop_event=self._stop_watching, recursive=False, rust_timeout=WATCH_TICK_MS,
                                         yield_on_timeout=True)
@@ -238,10 +239,10 @@ class Reloader:
                 async for changes in changes_seen:
                     if not changes:
                         await self._check_drift()
-                        continue
-                    names = sorted({os.path.basename(path) for _, path in changes})
-                    await self._settle()
-                    await self.reload(f"files changed: {', '.join(names)[:200]}")
+                    else:
+                        names = sorted({os.path.basename(path) for _, path in changes})
+                        await self._settle()
+                        await self.reload(f"files changed: {', '.join(names)[:200]}")
                     if self._watch_targets() != targets:
                         logger.info("config directories moved: watching the new ones")
                         break

@@ -8,6 +8,7 @@ edited file are not preserved by tomli-w; the README says so.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import tomllib
 from pathlib import Path
@@ -54,6 +55,19 @@ def _token_holder(path: Path, kind: str, name: str) -> tuple[dict[str, Any], dic
     return data, entry
 
 
+def _same_access(tmp: str, path: Path) -> None:
+    """A rewritten file keeps its group and mode (root editing /etc/gatewayd must not lock the daemon's group
+    out); a new one is readable by its owner only."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        os.chmod(tmp, POLICY_FILE_MODE)
+        return
+    if info.st_gid != os.stat(tmp).st_gid:
+        os.chown(tmp, -1, info.st_gid)
+    os.chmod(tmp, stat.S_IMODE(info.st_mode))
+
+
 def _read(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -72,7 +86,7 @@ def write_atomic(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, POLICY_FILE_MODE)
+        _same_access(tmp, path)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
