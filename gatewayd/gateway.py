@@ -179,6 +179,12 @@ class Gateway:
         info = _CallInfo(ctx, "notification", None, _meta_of(message.params), message.method)
         try:
             target = await self._direct_target(info, message.params)
+            if info.confirm is not None:
+                # Nobody waits for a notification, so nobody could be told a person's answer: it never runs.
+                logger.info("client=%s notification %s dropped: it needs a person's confirmation; send a request",
+                            ctx.principal.name, message.method)
+                await self._outcome(info, "confirmation_required")
+                return
             if target.server.config.protocol == "mcp":
                 # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
                 logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,

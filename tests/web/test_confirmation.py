@@ -418,3 +418,15 @@ async def test_audit_records_request_decision_approver_and_outcome_in_order(gate
     assert decision["decision"] == "confirm" and requested["params_sha256"] == approval.params_sha256
     assert decided["state"] == "approved" and decided["decided_by"].startswith("operator uid ")
     assert decided["channel"] == "cli" and outcome["status"] == "ok"
+
+
+async def test_a_notification_that_needs_confirmation_never_runs(gate: Gate) -> None:
+    response = await gate.client.post("/mcp", headers=gate.headers("agent"),
+                                      json={"jsonrpc": "2.0", "method": "spy.echo", "params": {"text": "sneak"}})
+    assert response.status == 202
+    # Then a request, so the child has certainly read anything sent before it.
+    call = asyncio.create_task(gate.call("agent", {"text": "asked"}))
+    [approval] = await gate.pending()
+    await gate.decide(approval.id, "approve")
+    await call
+    assert gate.runs() == [{"text": "asked"}]
