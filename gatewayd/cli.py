@@ -138,7 +138,8 @@ def _ctl_parser() -> argparse.ArgumentParser:
     new.add_argument("--policy-file", type=Path, help=f"policy file to write (default: policies/{DEFAULT_POLICY_FILE})")
     dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
     dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
-    verbs.add_parser("check", help="validate the config directory")
+    check = verbs.add_parser("check", help="validate a config directory without running it (exit 0: valid, 2: not)")
+    check.add_argument("directory", nargs="?", type=Path, help="the directory to check (default: --config-dir)")
     explain = verbs.add_parser("explain", help="show the decision for CLIENT calling METHOD, and the rule behind it")
     explain.add_argument("client")
     explain.add_argument("method", help="canonical name, e.g. calc.add")
@@ -208,7 +209,7 @@ def _dev_token(token_file: Path, policy_file: Path, store: Callable[[str], None]
 
 
 def _check(args: argparse.Namespace) -> int:
-    snapshot = load_snapshot(args.config_dir)
+    snapshot = load_snapshot(args.directory or args.config_dir)
     print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
     return 0
 

@@ -18,7 +18,8 @@ EXIT_UNAVAILABLE = 69
 
 async def test_every_admin_verb_says_the_daemon_is_not_running(tmp_path: Path) -> None:
     write_config(tmp_path, {"fault": FAULT}, ROLES)
-    for verb in (["approvals"], ["approve", "abc"], ["deny", "abc"], ["status"]):
+    for verb in (["approvals"], ["approve", "abc"], ["deny", "abc"], ["status"], ["reload"], ["restart", "x"],
+                 ["metrics"]):
         code, out, err = await gatewayctl(tmp_path, *verb)
         assert code == EXIT_UNAVAILABLE and out == ""
         assert "gatewayd is not running" in err and str(tmp_path / "gatewayd.sock") in err and "Traceback" not in err
@@ -36,6 +37,8 @@ async def test_status_approvals_and_unknown_ids_against_a_live_daemon(tmp_path: 
         assert code == 0 and out.strip() == "no calls are waiting for confirmation"
         code, _, err = await gatewayctl(tmp_path, "approve", "0123456789")
         assert code == 1 and "no approval '0123456789'" in err
+        code, out, _ = await gatewayctl(tmp_path, "metrics")
+        assert code == 0 and "# TYPE gatewayd_calls_total counter" in out and "gatewayd_config_in_sync 1" in out
 
 
 async def test_the_admin_socket_is_private_and_removed_on_stop(tmp_path: Path) -> None:
@@ -90,3 +93,13 @@ async def test_an_operator_token_is_no_client_token(tmp_path: Path, http: aiohtt
             assert response.status == 401
         async with http.get(daemon.url.removesuffix("/mcp") + "/approvals/api/pending", headers=headers) as response:
             assert response.status == 200 and (await response.json()) == {"approvals": []}
+
+
+async def test_check_takes_the_directory_and_its_exit_status_is_the_verdict(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    write_config(good, {"fault": FAULT}, ROLES)
+    write_config(bad, {"fault": FAULT + "call_timout = 1\n"}, ROLES)
+    code, out, _ = await gatewayctl(tmp_path, "check", str(good))
+    assert code == 0 and "config OK: 1 tool servers" in out
+    code, _, err = await gatewayctl(tmp_path, "check", str(bad))
+    assert code == 2 and "fault.toml" in err and "call_timout" in err

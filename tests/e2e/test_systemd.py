@@ -27,7 +27,15 @@ import pytest
 from gatewayd import systemd
 from gatewayd.settings import Settings
 from gatewayd.upstream.connection import SIGKILL_GRACE, SIGTERM_GRACE, STDIN_CLOSE_GRACE
-from tests.daemon import GATEWAYCTL_DEADLINE, REPO, Daemon, daemon_env, python_command, write_config
+from tests.daemon import (
+    GATEWAYCTL_DEADLINE,
+    REPO,
+    Daemon,
+    daemon_env,
+    gatewayctl,
+    python_command,
+    write_config,
+)
 
 UNIT = REPO / "systemd" / "gatewayd.service"
 SYSTEMD_ANALYZE = Path("/usr/bin/systemd-analyze")
@@ -189,6 +197,19 @@ async def test_ready_comes_once_it_listens_and_stopping_before_it_exits(
     assert stopping[0].get("STATUS", "").startswith("stopping"), stopping
     assert notify_path.count("READY") == 1, notify_path.messages
     assert notify_path.messages.index(ready) < notify_path.messages.index(stopping[0])
+
+
+async def test_a_reload_says_reloading_then_ready(config_dir: Path, notify_path: NotifySocket) -> None:
+    async with Daemon(config_dir, "--watch-config", "false",
+                      env={"NOTIFY_SOCKET": notify_path.address, **no_watchdog()}):
+        await notify_path.until("READY")
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        code, _, err = await gatewayctl(config_dir, "reload")
+        assert code == 0, err
+        reloading = await notify_path.until("RELOADING")
+        ready = await notify_path.until("READY")
+        assert before <= int(reloading["MONOTONIC_USEC"]) <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        assert reloading["STATUS"].startswith("reloading") and ready["STATUS"].startswith("generation 1")
 
 
 # -- b. an abstract-namespace socket -------------------------------------------------------------
