@@ -282,6 +282,34 @@ async def test_the_stream_sends_the_list_then_each_change(stack: Stack) -> None:
     await eventually(lambda: not state.gateway.approvals._watchers, what="the stream's watcher is released")
 
 
+async def test_the_page_sees_an_approval_expire_and_one_withdrawn_by_its_caller(tmp_path: Path) -> None:
+    roles = ROLES + '[roles.calc.confirmation."calc.add"]\ntimeout = "300ms"\n'  # calc.echo waits 60 s
+    tokens = console_config(tmp_path, roles)
+    async with running_stack(tmp_path, sse_keepalive=0.2) as (client, state), \
+            await client.get(f"{API}/stream", headers=bearer(tokens.operator)) as response:
+        events = Events(response)
+        assert (await events.next())[0] == "snapshot"
+        expired = start_call(client, tokens.agent, "calc.add", {"a": 1, "b": 2})
+        assert (await events.next())[1]["type"] == "pending"
+        _, change = await events.next()
+        assert (change["type"], change["approval"]["state"]) == ("finished", "expired")
+        assert (await expired)["error"]["code"] == -32016
+        status, late = await decide(client, tokens.operator, change["approval"]["id"], "approve")
+        assert status == 409 and "already expired" in late["message"]
+
+        async with aiohttp.ClientSession() as caller:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "calc.echo", "params": {"text": "bye"}}
+            gone = asyncio.create_task(caller.post(f"{client.base}/mcp", json=body, headers=bearer(tokens.agent)))
+            _, change = await events.next()
+            assert change["type"] == "pending"
+        _, change = await events.next()  # the caller's connection closed with its session
+        assert (change["type"], change["approval"]["state"]) == ("finished", "withdrawn")
+        assert change["approval"]["reason"] == "the caller disconnected"
+        gone.cancel()
+        status, late = await decide(client, tokens.operator, change["approval"]["id"], "approve")
+        assert status == 409 and "withdrawn" in late["message"]
+
+
 async def test_a_reader_that_fell_behind_gets_the_whole_list_again(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
