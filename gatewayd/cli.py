@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gatewayd import __version__
+from gatewayd import __version__, lean_import  # noqa: F401  (lean_import: before anything imports aiohttp)
 from gatewayd.admin import AdminClient, AdminUnavailable
 from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
