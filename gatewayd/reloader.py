@@ -279,17 +279,26 @@ class Reloader:
     def _watch_targets(self) -> list[str]:
         # The config directory itself sees tools.d/ or policies/ replaced (a symlink swap, a rename);
         # the resolved directories see the files. Not recursive: only their own *.toml files count.
+        # A config directory that is itself a symlink (/etc/gatewayd -> releases/42) is swapped in its parent.
         targets = [os.path.realpath(self.config_dir)]
+        if os.path.islink(self._config_link):
+            targets.append(os.path.dirname(self._config_link))
         for name in (TOOLS_DIR, POLICIES_DIR):
             real = os.path.realpath(self.config_dir / name)
             if os.path.isdir(real):
                 targets.append(real)
         return targets
 
+    @property
+    def _config_link(self) -> str:
+        return os.path.abspath(self.config_dir)
+
     def _relevant(self, _change: watchfiles.Change, path: str) -> bool:
         name = os.path.basename(path)
-        if name in (TOOLS_DIR, POLICIES_DIR):
+        if path == self._config_link:
             return True
+        if name in (TOOLS_DIR, POLICIES_DIR):
+            return os.path.dirname(path) == os.path.realpath(self.config_dir)
         # Editor swap and backup files (.x.swp, x~, .#x, 4913) and anything not *.toml are not config.
         return name.endswith(".toml") and not name.startswith(".") and self._in_config(path)
 

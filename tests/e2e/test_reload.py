@@ -243,3 +243,33 @@ async def test_sighup_reloads(tmp_path: Path, http: aiohttp.ClientSession) -> No
         await wait_config(tmp_path, generation=2)
         assert (await rpc(http, daemon.url, tokens["x"], "a.echo", {"v": 1}))["result"] == {"v": 1}
         await daemon.wait_log(r"reload \(SIGHUP\): generation 2 applied")
+
+
+async def test_a_config_directory_that_is_a_symlink_swapped_whole_is_followed(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    # /etc/gatewayd -> releases/1, then atomically -> releases/2: how deploy tools ship a config.
+    releases = tmp_path / "releases"
+    tokens = write_config(releases / "1", {"a": server(tmp_path / "a.jsonl")}, '[roles.r]\nallow = ["a.pid"]\n',
+                          {"x": ["r"]})
+    (releases / "2").mkdir()
+    for sub in ("tools.d", "policies"):
+        (releases / "2" / sub).mkdir()
+        for path in (releases / "1" / sub).iterdir():
+            (releases / "2" / sub / path.name).write_text(path.read_text())
+    (releases / "2" / "policies" / "roles.toml").write_text('[roles.r]\nallow = ["a.*"]\n')
+    config = tmp_path / "config"
+    config.symlink_to(releases / "1")
+    socket_path = tmp_path / "admin.sock"
+    # State that must outlive a release lives outside it.
+    async with Daemon(config, "--admin-socket", str(socket_path), "--audit-path", str(tmp_path / "audit.jsonl")) as d:
+        assert (await rpc(http, d.url, tokens["x"], "a.echo", {}))["error"]["code"] == -32601
+        (tmp_path / "config.new").symlink_to(releases / "2")
+        os.replace(tmp_path / "config.new", config)
+        async with asyncio.timeout(RELOAD_DEADLINE):
+            while True:
+                code, out, err = await gatewayctl(tmp_path, "--socket", str(socket_path), "status", "--json")
+                assert code == 0, err
+                if json.loads(out)["config"]["generation"] == 2:
+                    break
+        assert (await rpc(http, d.url, tokens["x"], "a.echo", {"v": 2}))["result"] == {"v": 2}
