@@ -159,7 +159,7 @@ class Reloader:
         """Switch everything to `snapshot` without yielding to the event loop: no request sees half of it."""
         old = self.snapshot
         state = self.state
-        servers = state.gateway.pool.apply(snapshot, self.drain)
+        servers = state.gateway.pool.apply(snapshot, self.drain, self.generation + 1)
         state.tokens = TokenTable(snapshot)
         self.snapshot = snapshot
         self.generation += 1

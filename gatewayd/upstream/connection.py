@@ -78,8 +78,8 @@ class ExitInfo:
 class _StderrLog:
     """Logs a child's stderr at a bounded rate so a flooding child cannot drown the daemon's log."""
 
-    def __init__(self, name: str, pid: int) -> None:
-        self.name = name
+    def __init__(self, tag: str, pid: int) -> None:
+        self.tag = tag
         self.pid = pid
         self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._window_start = 0.0
@@ -92,11 +92,11 @@ class _StderrLog:
         if now - self._window_start >= STDERR_LOG_WINDOW:
             if self._suppressed:
                 logger.warning("server=%s pid=%d stderr: %d lines not logged (rate limit)",
-                               self.name, self.pid, self._suppressed)
+                               self.tag, self.pid, self._suppressed)
             self._window_start, self._in_window, self._suppressed = now, 0, 0
         self._in_window += 1
         if self._in_window <= STDERR_LOG_BURST:
-            logger.info("server=%s pid=%d stderr: %s", self.name, self.pid, text)
+            logger.info("server=%s pid=%d stderr: %s", self.tag, self.pid, text)
         else:
             self._suppressed += 1
 
@@ -126,8 +126,11 @@ class Connection:
         on_notification: Callable[[dict[str, Any]], None] | None = None,
         on_activity: Callable[[], None] | None = None,
         on_exit: Callable[[Connection], None] | None = None,
+        tag: str | None = None,
     ) -> None:
         self.name = name
+        # How log lines name this child: the server and the config generation it was started for.
+        self.tag = tag or name
         self.argv = argv
         self.env = child_env(env or {})
         self.cwd = cwd
@@ -179,8 +182,8 @@ class Connection:
                 f"tool server {self.name!r} could not start: {exc.strerror or exc}",
                 {"server": self.name, "command": self.argv},
             ) from exc
-        self._stderr = _StderrLog(self.name, self._proc.pid)
-        logger.info("server=%s pid=%d started: %s", self.name, self._proc.pid, " ".join(self.argv))
+        self._stderr = _StderrLog(self.tag, self._proc.pid)
+        logger.info("server=%s pid=%d started: %s", self.tag, self._proc.pid, " ".join(self.argv))
         self._tasks = [
             asyncio.create_task(self._read_stdout(), name=f"{self.name}-stdout"),
             asyncio.create_task(self._read_stderr(), name=f"{self.name}-stderr"),
@@ -286,7 +289,7 @@ class Connection:
                 line = await stream.readline()
             except ValueError:
                 # Over MAX_LINE_BYTES: asyncio dropped the buffered part; the rest arrives as garbage.
-                logger.warning("server=%s pid=%d stdout line over %d bytes dropped", self.name, self.pid,
+                logger.warning("server=%s pid=%d stdout line over %d bytes dropped", self.tag, self.pid,
                                MAX_LINE_BYTES)
                 continue
             if not line:
@@ -302,23 +305,23 @@ class Connection:
         try:
             message = json.loads(line)
         except ValueError:
-            logger.warning("server=%s pid=%d stdout is not JSON, dropped: %.200r", self.name, self.pid, line)
+            logger.warning("server=%s pid=%d stdout is not JSON, dropped: %.200r", self.tag, self.pid, line)
             return
         if not isinstance(message, dict):
-            logger.warning("server=%s pid=%d stdout message is not an object, dropped", self.name, self.pid)
+            logger.warning("server=%s pid=%d stdout message is not an object, dropped", self.tag, self.pid)
             return
         if "method" in message:
             self._handle_incoming(message)
         elif "id" in message:
             self._handle_response(message)
         else:
-            logger.warning("server=%s pid=%d message with neither method nor id dropped", self.name, self.pid)
+            logger.warning("server=%s pid=%d message with neither method nor id dropped", self.tag, self.pid)
 
     def _handle_response(self, message: dict[str, Any]) -> None:
         call_id = message.get("id")
         pending = self._pending.get(call_id) if isinstance(call_id, int) else None
         if pending is None or pending.future.done():
-            logger.warning("server=%s pid=%d response with unknown id %.64r dropped", self.name, self.pid, call_id)
+            logger.warning("server=%s pid=%d response with unknown id %.64r dropped", self.tag, self.pid, call_id)
             return
         if "error" in message and isinstance(message["error"], dict):
             pending.future.set_exception(UpstreamError(message["error"]))
@@ -379,7 +382,7 @@ class Connection:
         await asyncio.wait(self._tasks[:2], timeout=SIGKILL_GRACE)
         self.exit_info = ExitInfo(returncode, list(self._stderr.tail))
         level = logging.INFO if self._closing else logging.WARNING
-        logger.log(level, "server=%s pid=%d exited: %s", self.name, self._proc.pid, self.exit_info.describe())
+        logger.log(level, "server=%s pid=%d exited: %s", self.tag, self._proc.pid, self.exit_info.describe())
         # The owner learns of the exit before any caller does, so its state is right when they see the error.
         if self._on_exit is not None:
             self._on_exit(self)

@@ -41,6 +41,7 @@ class Pool:
 
     def __init__(self, snapshot: Snapshot, on_tools_changed: Callable[[str], None] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
+        self.generation = 1
         self.servers: dict[str, ToolServer] = {
             name: self._make(name, snapshot) for name, config in sorted(snapshot.servers.items())
         }
@@ -49,14 +50,17 @@ class Pool:
         self._starting: set[asyncio.Task[None]] = set()
 
     def _make(self, name: str, snapshot: Snapshot) -> ToolServer:
-        return ToolServer(name, snapshot.servers[name], snapshot.config_dir, self._on_tools_changed)
+        return ToolServer(name, snapshot.servers[name], snapshot.config_dir, self._on_tools_changed,
+                          self.generation)
 
     def get(self, name: str) -> ToolServer | None:
         """The server called `name`, if configured."""
         return self.servers.get(name)
 
-    def apply(self, snapshot: Snapshot, drain: float) -> PoolDiff:
-        """Switch to `snapshot`'s servers at once; retire the old ones in the background (see the module doc)."""
+    def apply(self, snapshot: Snapshot, drain: float, generation: int) -> PoolDiff:
+        """Switch to `snapshot` (config `generation`) at once; retire the old servers in the background (see the
+        module doc)."""
+        self.generation = generation
         diff = PoolDiff()
         servers: dict[str, ToolServer] = {}
         for name, config in sorted(snapshot.servers.items()):
@@ -102,7 +106,7 @@ class Pool:
         results = await asyncio.gather(*(server.ensure_running() for server in servers), return_exceptions=True)
         for server, result in zip(servers, results, strict=True):
             if isinstance(result, BaseException):
-                logger.warning("server=%s eager start failed: %s", server.name, result)
+                logger.warning("server=%s eager start failed: %s", server.tag, result)
 
     async def stop_all(self) -> None:
         """Stop every child, current and retiring, concurrently; each stop is bounded by its own escalation."""

@@ -73,8 +73,12 @@ class ToolServer:
         config: ServerConfig,
         config_dir: Path,
         on_tools_changed: Callable[[str], None] | None = None,
+        generation: int = 1,
     ) -> None:
         self.name = name
+        # Log lines say which config generation a server (and its child) belongs to: after a reload the
+        # old child drains beside the new one.
+        self.tag = f"{name} gen={generation}"
         self.config = config
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed
@@ -147,6 +151,7 @@ class ToolServer:
             on_notification=self._on_notification,
             on_activity=self._touch,
             on_exit=self._after_exit,
+            tag=self.tag,
         )
         try:
             await conn.open()
@@ -163,7 +168,7 @@ class ToolServer:
         return conn
 
     async def _start_failed(self, conn: Connection, exc: GatewayError) -> None:
-        logger.warning("server=%s start failed: %s", self.name, exc.message)
+        logger.warning("server=%s start failed: %s", self.tag, exc.message)
         info = await conn.close()
         self.last_exit = info.describe()
         self._record_crash()
@@ -187,7 +192,7 @@ class ToolServer:
                 f"tool server {self.name!r} refused the MCP handshake: {exc.message}", {"server": self.name}
             ) from exc
         version = result.get("protocolVersion") if isinstance(result, dict) else "?"
-        logger.info("server=%s pid=%d ready: protocol %s, %d tools", self.name, conn.pid, version,
+        logger.info("server=%s pid=%d ready: protocol %s, %d tools", self.tag, conn.pid, version,
                     len(self._tool_names))
 
     async def _fetch_tools(self, conn: Connection) -> list[ToolDef]:
@@ -199,7 +204,7 @@ class ToolServer:
                 page = await conn.call("tools/list", params, timeout=self.config.startup_timeout)
             except UpstreamError as exc:
                 # A server without the tools capability has nothing to list; that is not a failure.
-                logger.info("server=%s tools/list refused: %s", self.name, exc.message)
+                logger.info("server=%s tools/list refused: %s", self.tag, exc.message)
                 break
             if not isinstance(page, dict):
                 break
@@ -233,7 +238,7 @@ class ToolServer:
         async with self._start_lock:
             if self._active or self._conn is not conn:
                 return False
-            logger.info("server=%s pid=%d idle for %gs, stopping", self.name, conn.pid, self.config.idle_timeout)
+            logger.info("server=%s pid=%d idle for %gs, stopping", self.tag, conn.pid, self.config.idle_timeout)
             self.state = State.STOPPING
             self._conn = None
         await conn.close()
@@ -257,13 +262,13 @@ class ToolServer:
         self._crashes = [t for t in self._crashes if now - t < window] + [now]
         if len(self._crashes) > self.config.max_restarts:
             self.state = State.FAILED
-            logger.error("server=%s crashed %d times within %gs: failed", self.name, len(self._crashes), window)
+            logger.error("server=%s crashed %d times within %gs: failed", self.tag, len(self._crashes), window)
             return
         self.state = State.STOPPED
         self.restarts += 1
         backoff = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (len(self._crashes) - 1))
         self._next_start = now + backoff
-        logger.warning("server=%s will restart on the next call, not before %.1fs", self.name, backoff)
+        logger.warning("server=%s will restart on the next call, not before %.1fs", self.tag, backoff)
 
     def reset(self) -> None:
         """Forget crashes (admin restart or new config): a failed server may start again."""
@@ -284,13 +289,13 @@ class ToolServer:
         stop the child; calls still running then fail with `why`."""
         self.retired = why
         if not self._quiet.is_set():
-            logger.info("server=%s %s: draining %d calls (up to %gs)", self.name, why, self._active + self._waiting,
+            logger.info("server=%s %s: draining %d calls (up to %gs)", self.tag, why, self._active + self._waiting,
                         drain)
         try:
             async with asyncio.timeout(drain):
                 await self._quiet.wait()
         except TimeoutError:
-            logger.warning("server=%s %s: %d calls still running after %gs fail now", self.name, why,
+            logger.warning("server=%s %s: %d calls still running after %gs fail now", self.tag, why,
                            self._active, drain)
             if self._conn is not None:
                 self._conn.fail_calls(ToolServerUnavailable(
@@ -327,9 +332,9 @@ class ToolServer:
             if self._on_tools_changed is not None:
                 self._on_tools_changed(self.name)
         elif method == "notifications/message":
-            logger.info("server=%s log: %.500s", self.name, message.get("params"))
+            logger.info("server=%s log: %.500s", self.tag, message.get("params"))
         else:
-            logger.debug("server=%s notification %s dropped", self.name, method)
+            logger.debug("server=%s notification %s dropped", self.tag, method)
 
     # -- calls -----------------------------------------------------------------------------
 

@@ -85,7 +85,7 @@ async def test_logs_name_the_url_server_and_pid(tmp_path: Path, http: aiohttp.Cl
     async with Daemon(tmp_path) as daemon:
         assert daemon.url.startswith("http://127.0.0.1:") and daemon.url.endswith("/mcp")
         pid = (await rpc(http, daemon.url, tokens["c"], "fault.pid", {}))["result"]
-        await daemon.wait_log(rf"INFO .*server=fault pid={pid} started")
+        await daemon.wait_log(rf"INFO .*server=fault gen=1 pid={pid} started")
 
 
 async def test_token_new_makes_a_working_token(tmp_path: Path, http: aiohttp.ClientSession) -> None:

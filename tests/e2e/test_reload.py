@@ -90,6 +90,7 @@ async def test_calls_in_flight_survive_a_reload_that_changes_removes_and_keeps_s
         # Untouched keeps its child; changed runs a new one; removed is gone.
         assert (await rpc(http, daemon.url, token, "c.pid", {}))["result"] == pids["c"]
         assert (await rpc(http, daemon.url, token, "a.pid", {}))["result"] != pids["a"]
+        await daemon.wait_log(r"server=a gen=2 pid=\d+ started")  # log lines name the config generation
         assert (await rpc(http, daemon.url, token, "b.pid", {}))["error"]["code"] == -32601
         config = await wait_config(tmp_path, generation=2)
         assert config["in_sync"]

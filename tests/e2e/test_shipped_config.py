@@ -36,7 +36,7 @@ async def test_shipped_clock_is_started_eagerly_and_answers(
     shipped: tuple[Daemon, str], http: aiohttp.ClientSession
 ) -> None:
     daemon, token = shipped
-    await daemon.wait_log(r"server=clock pid=\d+ ready")
+    await daemon.wait_log(r"server=clock gen=1 pid=\d+ ready")
     body = await rpc(http, daemon.url, token, "clock.now", {"timezone": "UTC"})
     assert body["result"]["structuredContent"]["timezone"] == "UTC"
 
