@@ -125,7 +125,8 @@ async def _status(request: web.Request) -> web.Response:
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
         "config": await request.app[RELOADER].status(), "servers": servers,
         "retiring": [server.status() for server in gateway.pool.retiring],
-        "sessions": len(sessions), "pending_approvals": len(gateway.approvals),
+        "sessions": len(sessions), "session_list": [session.view() for session in sessions.all()],
+        "pending_approvals": len(gateway.approvals),
         "approvals": [approval.view() for approval in gateway.approvals.pending()],
         "audit": gateway.audit.status(),
     })

@@ -294,6 +294,10 @@ def _status(args: argparse.Namespace) -> int:
         rows.append(_server_row(name, server))
     rows += [_server_row(f"{server['name']} (retiring)", server) for server in body["retiring"]]
     _print_table(rows)
+    for session in body["session_list"]:
+        stream = "  GET stream open" if session["stream_open"] else ""
+        print(f"session {session['id']}…  client {session['client']}  MCP {session['version']}  "
+              f"up {session['age_s']:.0f}s  idle {session['idle_s']:.0f}s{stream}")
     for approval in body["approvals"]:
         print(f"waiting for approval: {approval['id']}  {approval['client']}  {approval['method']}  "
               f"{approval['expires_in_s']:.0f}s left")

@@ -38,14 +38,12 @@ from gatewayd.errors import (
 from gatewayd.jsonrpc import Notification, Request, Response
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Decision, Principal
-from gatewayd.sessions import LOG_LEVELS, Session, Sessions
+from gatewayd.sessions import LOG_LEVELS, SESSION_ID_SHOWN, Session, Sessions
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import ToolDef, ToolServer
 
 logger = logging.getLogger(__name__)
 
-# Characters of a session id written to the audit log: enough to correlate, useless to replay.
-SESSION_ID_IN_AUDIT = 12
 # LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SERVER_INFO = {"name": "gatewayd", "version": __version__}
@@ -128,7 +126,7 @@ class _CallInfo:
         return {
             "event": event, "client": self.ctx.principal.name,
             # A prefix correlates records without writing a live session id to disk.
-            "session": session.id[:SESSION_ID_IN_AUDIT] if session else None,
+            "session": session.id[:SESSION_ID_SHOWN] if session else None,
             "route": self.route, "method": self.method, "request_id": self.request_id,
             "trace_id": self.trace, **fields,
         }

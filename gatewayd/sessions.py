@@ -27,6 +27,8 @@ LATEST_VERSION = SUPPORTED_VERSIONS[0]
 OUTBOUND_QUEUE_LIMIT = 256
 # Session ids carry this many random bytes (256 bits): unguessable.
 SESSION_ID_BYTES = 32
+# Characters of a session id shown to operators (status, audit): enough to correlate, useless to replay.
+SESSION_ID_SHOWN = 12
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -41,6 +43,7 @@ class Session:
     capabilities: dict[str, Any]
     client_info: dict[str, Any]
     last_used: float = field(default_factory=time.monotonic)
+    created: float = field(default_factory=time.monotonic)
     log_level: str = "debug"
     # None tells the GET stream to end (the session was deleted).
     outbound: asyncio.Queue[dict[str, Any] | None] = field(
@@ -68,6 +71,14 @@ class Session:
         for callback in callbacks:
             callback()
         self.push(None)
+
+    def view(self) -> dict[str, Any]:
+        """What operators see of a session (gatewayctl status): never the whole id."""
+        now = time.monotonic()
+        name = self.client_info.get("name")
+        return {"id": self.id[:SESSION_ID_SHOWN], "client": self.principal.name, "version": self.protocol_version,
+                "client_info": str(name)[:64] if name is not None else None, "age_s": round(now - self.created, 1),
+                "idle_s": round(now - self.last_used, 1), "stream_open": self.stream_open}
 
     def supports_form_elicitation(self) -> bool:
         """Whether the client declared MCP elicitation in form mode (`elicitation: {}` means form)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.daemon import Daemon, faultsrv_command, gatewayctl, write_config
+from tests.daemon import Daemon, faultsrv_command, gatewayctl, headers, write_config
 
 FAULT = faultsrv_command() + '\nprotocol = "jsonrpc"\n[methods.pid]\n'
 ROLES = '[roles.r]\nallow = ["fault.*"]\n'
@@ -25,9 +25,11 @@ async def test_every_admin_verb_says_the_daemon_is_not_running(tmp_path: Path) -
         assert "gatewayd is not running" in err and str(tmp_path / "gatewayd.sock") in err and "Traceback" not in err
 
 
-async def test_status_approvals_and_unknown_ids_against_a_live_daemon(tmp_path: Path) -> None:
-    write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
-    async with Daemon(tmp_path):
+async def test_status_approvals_and_unknown_ids_against_a_live_daemon(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    tokens = write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
+    async with Daemon(tmp_path) as daemon:
         code, out, _ = await gatewayctl(tmp_path, "status")
         assert code == 0 and "pending approvals 0" in out and "fault" in out and "stopped" in out
         code, out, _ = await gatewayctl(tmp_path, "status", "--json")
@@ -35,6 +37,16 @@ async def test_status_approvals_and_unknown_ids_against_a_live_daemon(tmp_path: 
         assert code == 0 and status["servers"]["fault"]["state"] == "stopped" and status["audit"]["healthy"]
         code, out, _ = await gatewayctl(tmp_path, "approvals")
         assert code == 0 and out.strip() == "no calls are waiting for confirmation"
+        async with http.post(daemon.url, headers=headers(tokens["c"]), json={
+                "jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe"}}}) as r:
+            session_id = r.headers["Mcp-Session-Id"]
+        code, out, _ = await gatewayctl(tmp_path, "status", "--json")
+        [session] = json.loads(out)["session_list"]
+        assert (session["client"], session["version"], session["client_info"]) == ("c", "2025-06-18", "probe")
+        assert session["id"] == session_id[:12] and session_id not in out  # never the whole id
+        code, out, _ = await gatewayctl(tmp_path, "status")
+        assert f"session {session_id[:12]}…  client c  MCP 2025-06-18" in out
         code, _, err = await gatewayctl(tmp_path, "approve", "0123456789")
         assert code == 1 and "no approval '0123456789'" in err
         code, out, _ = await gatewayctl(tmp_path, "metrics")
