@@ -133,8 +133,10 @@ class Approvals:
 
     async def wait(self, approval: Approval) -> Approval:
         """Wait for the decision; at the deadline it expires. If the waiter is cancelled, it is withdrawn."""
+        remaining = max(0.0, approval.deadline - time.time())
         try:
-            async with asyncio.timeout(approval.timeout):
+            # The deadline operators are shown, whatever happened between opening and waiting.
+            async with asyncio.timeout(remaining):
                 await approval.done.wait()
         except TimeoutError:
             self._finish(approval, State.EXPIRED, None, None, f"no answer within {approval.timeout:g}s")

@@ -429,6 +429,10 @@ class Gateway:
         finally:
             for step in undo:
                 step()
+            if approval.state is approvals.State.PENDING:
+                # Failed before anyone could answer (the audit record could not be written, say): nobody may
+                # approve a call that is no longer waiting.
+                self.approvals.withdraw(approval, "the call ended before an answer")
         await self._audit_approval(info, "approval_decided", approval, durable=True)
         _raise_unless_approved(approval)
 

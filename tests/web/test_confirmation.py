@@ -19,6 +19,7 @@ import pytest
 
 from gatewayd.admin import AdminClient
 from gatewayd.approvals import Approval, State
+from gatewayd.errors import AuditUnavailable
 from gatewayd.web.mcp_http import WebState
 from tests.daemon import FAULTSRV, python_command, write_config
 from tests.stack import LocalClient, running_stack
@@ -430,3 +431,19 @@ async def test_a_notification_that_needs_confirmation_never_runs(gate: Gate) -> 
     await gate.decide(approval.id, "approve")
     await call
     assert gate.runs() == [{"text": "asked"}]
+
+
+async def test_an_approval_that_cannot_be_audited_is_never_left_pending(gate: Gate) -> None:
+    audit_log = gate.state.gateway.audit
+    real_record = audit_log.record
+
+    async def disk_fills_up(event: dict[str, Any], *, durable: bool) -> None:
+        # Fault injection: the disk fills between the decision record and the approval's own record.
+        if event["event"] == "approval_requested":
+            raise AuditUnavailable("the audit log cannot record this call, so it was not run", {"reason": "ENOSPC"})
+        await real_record(event, durable=durable)
+
+    audit_log.record = disk_fills_up  # type: ignore[method-assign]
+    answer = await gate.call("agent", {"text": "unrecorded"})
+    assert answer["error"]["code"] == -32013
+    assert len(gate.state.gateway.approvals) == 0 and gate.runs() == []
