@@ -6,8 +6,9 @@ approval decisions), the admin routes (JSON over HTTP/1.1), and `AdminClient`, t
 command line reaches them. Access control is the socket file's permissions: mode 0600 by default,
 so only the daemon's user and root. Nothing here is reachable on the public port.
 
-Routes: GET /v1/status, POST /v1/reload, POST /v1/servers/{name}/restart, GET /v1/approvals,
-POST /v1/approvals/{id}/approve, POST /v1/approvals/{id}/deny (body {"reason": "..."} optional).
+Routes: GET /v1/status, POST /v1/reload, POST /v1/servers/{name}/restart, GET /v1/metrics,
+GET /v1/approvals, POST /v1/approvals/{id}/approve (body {"allow_again_for": seconds} optional),
+POST /v1/approvals/{id}/deny (body {"reason": "..."} optional), DELETE /v1/approvals/{id}/standing.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def create_app(state: WebState, reloader: Reloader) -> web.Application:
     app.router.add_post(API + "/servers/{name}/restart", _restart)
     app.router.add_get(f"{API}/approvals", _approvals)
     app.router.add_post(API + "/approvals/{id}/{verdict:approve|deny}", _decide)
+    app.router.add_delete(API + "/approvals/{id}/standing", _revoke)
     return app
 
 
@@ -158,16 +160,33 @@ async def _restart(request: web.Request) -> web.Response:
 
 
 async def _approvals(request: web.Request) -> web.Response:
-    pending = request.app[STATE].gateway.approvals.pending()
-    return web.json_response({"approvals": [approval.view() for approval in pending]})
+    registry = request.app[STATE].gateway.approvals
+    return web.json_response({"approvals": [approval.view() for approval in registry.pending()],
+                              "standing": [item.view() for item in registry.standing()]})
+
+
+async def _revoke(request: web.Request) -> web.Response:
+    approval_id = request.match_info["id"]
+    if not request.app[STATE].gateway.approvals.revoke(approval_id):
+        return web.json_response({"ok": False, "message": f"no standing approval {approval_id!r}"}, status=404)
+    logger.info("operator %s revoked standing approval %s", peer(request), approval_id)
+    return web.json_response({"ok": True, "message": f"approval {approval_id} no longer allows anything again"})
 
 
 async def _decide(request: web.Request) -> web.Response:
     approve = request.match_info["verdict"] == "approve"
-    reason = await _reason(request)
+    body = await _body(request)
+    reason = body.get("reason")
+    again = body.get("allow_again_for")
+    if again is not None and (isinstance(again, bool) or not isinstance(again, int | float)
+                              or not 0 < again <= approvals.STANDING_MAX or not approve):
+        raise web.HTTPBadRequest(text=f"allow_again_for: seconds, more than 0 and at most "
+                                      f"{approvals.STANDING_MAX:g}, and only when approving")
     by = f"operator {peer(request)} (gatewayctl)"
-    answer = request.app[STATE].gateway.approvals.decide(request.match_info["id"], approve=approve, by=by,
-                                                   channel=approvals.CLI, reason=reason)
+    answer = request.app[STATE].gateway.approvals.decide(
+        request.match_info["id"], approve=approve, by=by, channel=approvals.CLI,
+        reason=str(reason)[:MAX_REASON_CHARS] if reason else None,
+        allow_again_for=float(again) if again is not None else None)
     if answer.ok:
         logger.info("%s: %s", by, answer.message)
     status = 200 if answer.ok else 404 if answer.approval is None else 409
@@ -175,15 +194,14 @@ async def _decide(request: web.Request) -> web.Response:
     return web.json_response({"ok": answer.ok, "message": answer.message, "approval": view}, status=status)
 
 
-async def _reason(request: web.Request) -> str | None:
+async def _body(request: web.Request) -> dict[str, Any]:
     if not request.can_read_body:
-        return None
+        return {}
     try:
         body = await request.json()
     except ValueError as exc:
         raise web.HTTPBadRequest(text="body must be JSON: {\"reason\": \"...\"}") from exc
-    reason = body.get("reason") if isinstance(body, dict) else None
-    return str(reason)[:MAX_REASON_CHARS] if reason else None
+    return body if isinstance(body, dict) else {}
 
 
 # -- client ----------------------------------------------------------------------------------

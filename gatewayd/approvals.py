@@ -28,6 +28,11 @@ logger = logging.getLogger(__name__)
 CLI = "cli"
 CLIENT = "client"
 WEB = "web"
+# How a call approved by an operator's "allow again" was decided (no person was asked this time).
+STANDING = "standing"
+# An operator may let the same client make the very same call again without asking, for at most this long:
+# enough for a work session, short enough that a forgotten permission lapses by itself.
+STANDING_MAX = 3600.0
 # Ids are typed after `gatewayctl approve`: short, random, never reused while remembered.
 ID_BYTES = 5
 # A flood of confirm-gated calls must not grow memory without bound: past this, new ones are refused.
@@ -85,6 +90,23 @@ class Approval:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """An operator's "allow again": this client may make this exact call (method and arguments) until `until`."""
+
+    client: str
+    method: str
+    params_sha256: str
+    until: float
+    by: str
+    approval_id: str
+
+    def view(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "client": self.client, "method": self.method,
+                "params_sha256": self.params_sha256, "until": self.until, "by": self.by,
+                "expires_in_s": round(max(0.0, self.until - time.time()), 3)}
+
+
+@dataclass(frozen=True)
 class Answer:
     """What a person who answered is told."""
 
@@ -101,6 +123,7 @@ class Approvals:
         self._pending: dict[str, Approval] = {}
         self._finished: collections.OrderedDict[str, Approval] = collections.OrderedDict()
         self._watchers: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self._standing: dict[tuple[str, str, str], Standing] = {}
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -145,8 +168,13 @@ class Approvals:
             raise
         return approval
 
-    def decide(self, approval_id: str, *, approve: bool, by: str, channel: str, reason: str | None = None) -> Answer:
-        """An answer from a person. Only the first answer to a pending approval counts."""
+    def decide(self, approval_id: str, *, approve: bool, by: str, channel: str, reason: str | None = None,
+               allow_again_for: float | None = None) -> Answer:
+        """An answer from a person. Only the first answer to a pending approval counts. An operator approving may
+        also let the same client make the very same call again for `allow_again_for` seconds without asking."""
+        if allow_again_for is not None and (not approve or channel == CLIENT
+                                            or not 0 < allow_again_for <= STANDING_MAX):
+            return Answer(False, f"allow-again is for operators approving, for at most {STANDING_MAX:g}s")
         approval = self.get(approval_id)
         if approval is None:
             return Answer(False, f"no approval {approval_id!r} (unknown, or finished long ago)")
@@ -157,8 +185,46 @@ class Approvals:
             return Answer(False, f"approval {approval_id} does not take answers from the {channel} channel", approval)
         state = State.APPROVED if approve else State.DENIED
         self._finish(approval, state, by, channel, reason)
-        return Answer(True, f"approval {approval_id} {state.value}: {approval.client} may "
-                            f"{'now run' if approve else 'not run'} {approval.method}", approval)
+        message = (f"approval {approval_id} {state.value}: {approval.client} may "
+                   f"{'now run' if approve else 'not run'} {approval.method}")
+        if allow_again_for is not None:
+            standing = Standing(approval.client, approval.method, approval.params_sha256,
+                                time.time() + allow_again_for, by, approval.id)
+            self._standing[(standing.client, standing.method, standing.params_sha256)] = standing
+            message += f", and make the same call again for {allow_again_for:g}s without asking"
+            logger.info("standing approval %s: client=%s method=%s for %gs by %s", approval.id, approval.client,
+                        approval.method, allow_again_for, by)
+        return Answer(True, message, approval)
+
+    def standing_for(self, approval: Approval) -> Standing | None:
+        """The live "allow again" that covers this call (same client, method and arguments), if any."""
+        key = (approval.client, approval.method, approval.params_sha256)
+        standing = self._standing.get(key)
+        if standing is not None and standing.until <= time.time():
+            del self._standing[key]
+            return None
+        return standing
+
+    def approve_standing(self, approval: Approval, standing: Standing) -> None:
+        """Approve a call covered by an operator's "allow again" without asking anyone."""
+        self._finish(approval, State.APPROVED, f"{standing.by}, allowed again until {standing.until:.0f}",
+                     STANDING, f"allowed again by approval {standing.approval_id}")
+
+    def standing(self) -> list[Standing]:
+        """Live "allow again" permissions, soonest to lapse first."""
+        now = time.time()
+        for key in [key for key, item in self._standing.items() if item.until <= now]:
+            del self._standing[key]
+        return sorted(self._standing.values(), key=lambda item: item.until)
+
+    def revoke(self, approval_id: str) -> bool:
+        """End the "allow again" that approval `approval_id` gave; False if there is none."""
+        for key, item in list(self._standing.items()):
+            if item.approval_id == approval_id:
+                del self._standing[key]
+                logger.info("standing approval %s revoked", approval_id)
+                return True
+        return False
 
     def withdraw(self, approval: Approval, reason: str) -> None:
         """The caller is gone: nothing will run, a late answer is told so."""

@@ -23,6 +23,7 @@ from gatewayd import __version__, lean_import  # noqa: F401  (lean_import: befor
 from gatewayd.admin import AdminClient, AdminUnavailable
 from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
+from gatewayd.config.models import parse_duration
 from gatewayd.errors import ConfigError
 from gatewayd.explain import explain
 from gatewayd.settings import Settings, describe
@@ -149,6 +150,11 @@ def _ctl_parser() -> argparse.ArgumentParser:
     pending.add_argument("--json", action="store_true", help="print JSON, arguments in full")
     approve = verbs.add_parser("approve", help="let a waiting call run, once")
     approve.add_argument("id")
+    approve.add_argument("--for", dest="allow_again_for", metavar="DURATION", type=_duration,
+                         help="and let the same client make the very same call again without asking for this long "
+                              "(e.g. 10m; at most 1h)")
+    revoke = verbs.add_parser("revoke", help="end what `approve ID --for` allowed again")
+    revoke.add_argument("id")
     deny = verbs.add_parser("deny", help="refuse a waiting call")
     deny.add_argument("id")
     deny.add_argument("--reason", help="told to the caller and written to the audit log")
@@ -253,6 +259,9 @@ def _approvals(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(pending, indent=2, ensure_ascii=False))
         return 0
+    for item in body.get("standing", []):
+        print(f"allowed again: {item['client']} {item['method']} (same arguments) for {item['expires_in_s']:.0f}s "
+              f"more, by approval {item['approval_id']}; end it with: gatewayctl revoke {item['approval_id']}")
     if not pending:
         print("no calls are waiting for confirmation")
         return 0
@@ -267,9 +276,26 @@ def _approvals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _decide(args: argparse.Namespace) -> int:
-    body = {"reason": args.reason} if getattr(args, "reason", None) else None
-    _, answer = _ask(args, "POST", f"/approvals/{args.id}/{args.verb}", body)
+    body: dict[str, Any] = {}
+    if getattr(args, "reason", None):
+        body["reason"] = args.reason
+    if getattr(args, "allow_again_for", None) is not None:
+        body["allow_again_for"] = args.allow_again_for
+    _, answer = _ask(args, "POST", f"/approvals/{args.id}/{args.verb}", body or None)
+    print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
+    return 0 if answer.get("ok") else EXIT_REFUSED
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    _, answer = _ask(args, "DELETE", f"/approvals/{args.id}/standing")
     print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
     return 0 if answer.get("ok") else EXIT_REFUSED
 
@@ -360,7 +386,7 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
     args = _ctl_parser().parse_args(argv)
     verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain,
              "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status, "reload": _reload,
-             "restart": _restart, "metrics": _metrics}
+             "restart": _restart, "metrics": _metrics, "revoke": _revoke}
     try:
         return verbs[args.verb](args)
     except AdminUnavailable as exc:

@@ -407,7 +407,8 @@ class Gateway:
         """Hold the call until a person approves it; raise if they deny, nobody answers, or the caller goes.
 
         Operators are always asked (gatewayctl, and the web page if the policy says so); the caller's own user
-        too when its session can answer an elicitation on this call's stream.
+        too when its session can answer an elicitation on this call's stream. A call an operator allowed again
+        (same client, method and arguments, within the time they gave) is approved without asking.
         """
         ctx = info.ctx
         channels = frozenset(options.channels)
@@ -421,11 +422,16 @@ class Gateway:
         undo: list[Callable[[], None]] = []
         try:
             await self._audit_approval(info, "approval_requested", approval, durable=True)
-            undo.extend(self._withdraw_when_gone(ctx, approval))
-            self._announce(ctx, approval)
-            if ask_client:
-                undo.append(self._elicit(ctx, approval))
-            await self.approvals.wait(approval)
+            standing = self.approvals.standing_for(approval)
+            if standing is not None:
+                # An operator said this very call may run again for a while: nobody is asked this time.
+                self.approvals.approve_standing(approval, standing)
+            else:
+                undo.extend(self._withdraw_when_gone(ctx, approval))
+                self._announce(ctx, approval)
+                if ask_client:
+                    undo.append(self._elicit(ctx, approval))
+                await self.approvals.wait(approval)
         finally:
             for step in undo:
                 step()

@@ -9,6 +9,7 @@ import pytest
 from gatewayd import approvals
 from gatewayd.approvals import Approval, Approvals, State
 from gatewayd.errors import Overloaded
+from tests.waiting import eventually
 
 
 def _open(registry: Approvals, timeout: float = 30.0, channels: frozenset[str] = frozenset(), **kw: str) -> Approval:
@@ -130,3 +131,38 @@ def test_view_shows_arguments_and_hides_the_session() -> None:
     view = approval.view()
     assert view["arguments"] == {"command": "rm -rf /"} and "secret-session" not in str(view)
     assert 59 < view["expires_in_s"] <= 60 and view["channels"] == ["cli"]
+
+
+async def test_an_operator_may_allow_the_very_same_call_again_for_a_while() -> None:
+    registry = Approvals()
+    first = _open(registry)
+    answer = registry.decide(first.id, approve=True, by="operator alice", channel=approvals.CLI, allow_again_for=0.2)
+    assert answer.ok and "again" in answer.message
+    same = _open(registry)
+    standing = registry.standing_for(same)
+    assert standing is not None and standing.approval_id == first.id
+    registry.approve_standing(same, standing)
+    assert same.state is State.APPROVED and same.channel == approvals.STANDING and "alice" in (same.decided_by or "")
+    other = registry.open(client="agent", method="shell.run", arguments={"command": "rm"}, params_sha256="ef" * 32,
+                          session_id=None, channels=frozenset(), timeout=30)
+    assert registry.standing_for(other) is None  # other arguments: asked again
+    stranger = _open(registry, client="someone-else")
+    assert registry.standing_for(stranger) is None  # another client: asked again
+    later = _open(registry)
+    await eventually(lambda: registry.standing_for(later) is None, what="the standing approval lapses")
+    assert registry.standing() == []
+
+
+def test_allow_again_is_bounded_and_for_operators_approving_only() -> None:
+    registry = Approvals()
+    approval = _open(registry, channels=frozenset({approvals.WEB}))
+    for kwargs in ({"approve": False, "channel": approvals.CLI, "allow_again_for": 60.0},
+                   {"approve": True, "channel": approvals.CLIENT, "allow_again_for": 60.0},
+                   {"approve": True, "channel": approvals.CLI, "allow_again_for": approvals.STANDING_MAX + 1},
+                   {"approve": True, "channel": approvals.CLI, "allow_again_for": 0.0}):
+        assert not registry.decide(approval.id, by="op", **kwargs).ok  # type: ignore[arg-type]
+    assert approval.state is State.PENDING
+    assert registry.decide(approval.id, approve=True, by="op", channel=approvals.WEB, allow_again_for=600).ok
+    assert [s.approval_id for s in registry.standing()] == [approval.id]
+    assert registry.revoke(approval.id) and not registry.revoke(approval.id)
+    assert registry.standing_for(_open(registry)) is None

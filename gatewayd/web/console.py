@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 PAGE_PATH = "/approvals"
 API_PATH = f"{PAGE_PATH}/api"
 
+# What the page offers for "allow the same call again without asking": (seconds, label); 0 asks every time.
+ALLOW_AGAIN_CHOICES = [(0, "no, ask every time"), (600, "for 10 minutes"), (3600, "for 1 hour")]
 # A reason is a short note for the caller and the audit log, not a document; the page's input stops here too.
 MAX_REASON_CHARS = 500
 # {"reason": <500 characters>} fits in this many times over; a bigger body is not a decision.
@@ -74,7 +76,7 @@ h2 { font-size: 1.1rem; margin: 1.25rem 0 .5rem; }
 .status[data-state="retrying"], .status[data-state="connecting"] { background: var(--warn-bg); color: var(--warn); }
 .status[data-state="refused"] { background: var(--bad-bg); color: var(--bad); }
 label { display: block; font-weight: 600; margin: .75rem 0 .25rem; }
-input[type=password], input[type=text] { width: 100%; font: inherit; padding: .55rem .6rem; border-radius: 6px;
+input[type=password], input[type=text], select { width: 100%; font: inherit; padding: .55rem .6rem; border-radius: 6px;
   border: 1px solid var(--line); background: var(--bg); color: var(--fg); }
 button { font: inherit; font-weight: 600; min-height: 44px; padding: .5rem 1.1rem; border-radius: 8px;
   border: 1px solid var(--line); background: var(--card); color: var(--fg); cursor: pointer; }
@@ -126,6 +128,7 @@ _SCRIPT = r"""
 (() => {
   const API = "__API__";
   const MAX_REASON = __MAX_REASON__;
+  const AGAIN_CHOICES = __AGAIN_CHOICES__;
   const TOKEN_KEY = "gatewayd.operator-token";
   // Reconnect waits: first, and the most it grows to (doubling, with jitter).
   const BACKOFF_FIRST_MS = 500, BACKOFF_MAX_MS = 15000;
@@ -368,6 +371,13 @@ _SCRIPT = r"""
     entry.reason = el("input", { type: "text", id: "reason-" + n, maxlength: String(MAX_REASON),
                                  "data-field": "reason", autocomplete: "off" });
     const reasonLabel = el("label", { for: "reason-" + n, text: "Reason for denying (optional, sent to the agent)" });
+    entry.again = el("select", { id: "again-" + n, "data-field": "allow-again" });
+    for (const [seconds, label] of AGAIN_CHOICES) {
+      entry.again.append(el("option", { value: String(seconds), text: label }));
+    }
+    const againLabel = el("label", { for: "again-" + n,
+                                     text: "When approving, also let " + approval.client +
+                                           " make this very call again (same arguments) without asking:" });
     entry.approve = el("button", { type: "button", className: "approve", "data-action": "approve",
                                    "aria-describedby": "approval-" + n, text: "Approve" });
     entry.deny = el("button", { type: "button", className: "deny", "data-action": "deny",
@@ -377,7 +387,8 @@ _SCRIPT = r"""
     entry.deny.addEventListener("click", () => decide(entry, false));
     const controls = el("div", { className: "decide" });
     if (webAllowed) {
-      controls.append(reasonLabel, entry.reason, el("div", { className: "buttons" }, entry.approve, entry.deny));
+      controls.append(reasonLabel, entry.reason, againLabel, entry.again,
+                      el("div", { className: "buttons" }, entry.approve, entry.deny));
     } else {
       controls.append(el("p", { className: "warning", text: "Its policy does not take answers from this page. " +
                                 "Answer with: gatewayctl approve " + approval.id + " (or deny)." }));
@@ -462,13 +473,15 @@ _SCRIPT = r"""
 
   async function decide(entry, approve) {
     const reason = approve ? "" : entry.reason.value.trim().slice(0, MAX_REASON);
+    const again = approve ? Number(entry.again.value) : 0;
+    const answer = reason ? { reason } : again > 0 ? { allow_again_for: again } : {};
     entry.approve.disabled = entry.deny.disabled = true;
     say(entry, approve ? "Approving…" : "Denying…");
     let response;
     try {
       response = await fetch(API + "/" + encodeURIComponent(entry.approval.id) + (approve ? "/approve" : "/deny"), {
         method: "POST", cache: "no-store", headers: { ...auth(), "Content-Type": "application/json" },
-        body: JSON.stringify(reason ? { reason } : {}),
+        body: JSON.stringify(answer),
       });
     } catch (err) {
       say(entry, "gatewayd cannot be reached: your answer was not sent. Try again.", "bad");
@@ -493,7 +506,8 @@ _SCRIPT = r"""
 })();
 """
 
-_SCRIPT = _SCRIPT.replace("__API__", API_PATH).replace("__MAX_REASON__", str(MAX_REASON_CHARS))
+_SCRIPT = (_SCRIPT.replace("__API__", API_PATH).replace("__MAX_REASON__", str(MAX_REASON_CHARS))
+           .replace("__AGAIN_CHOICES__", json.dumps(ALLOW_AGAIN_CHOICES)))
 
 _BODY = """
 <header class="bar">
@@ -635,10 +649,11 @@ async def _decide(request: web.Request, *, approve: bool) -> web.Response:
     policy does not take web answers), 404 when it is unknown."""
     state = request.app[STATE]
     name = _operator(request)
-    reason = _reason(await _read_body(request))
+    reason, again = _answer(await _read_body(request), approve)
     approval_id = request.match_info["approval_id"]
     answer = state.gateway.approvals.decide(
-        approval_id, approve=approve, by=f"operator {name} (web page)", channel=approvals.WEB, reason=reason
+        approval_id, approve=approve, by=f"operator {name} (web page)", channel=approvals.WEB, reason=reason,
+        allow_again_for=again,
     )
     _log_answer(name, approve, approval_id, answer)
     view = answer.approval.view() if answer.approval is not None else None
@@ -666,17 +681,31 @@ async def _read_body(request: web.Request) -> bytes:
     return data
 
 
-def _reason(data: bytes) -> str | None:
-    """The optional reason from a body `{"reason": "..."}` (or none); HttpError(400) for anything else."""
+def _answer(data: bytes, approve: bool) -> tuple[str | None, float | None]:
+    """The optional reason and "allow again" seconds from a body `{"reason": "...", "allow_again_for": 600}`
+    (or none); HttpError(400) for anything else."""
     if not data.strip():
-        return None
+        return None, None
     try:
         body = json.loads(data)
     except (ValueError, RecursionError):
         raise HttpError(400, 'the body must be JSON: {"reason": "..."}, or empty') from None
-    if not isinstance(body, dict) or set(body) - {"reason"}:
-        raise HttpError(400, 'the body must be a JSON object whose only key is "reason"')
-    reason = body.get("reason")
+    if not isinstance(body, dict) or set(body) - {"reason", "allow_again_for"}:
+        raise HttpError(400, 'the body must be a JSON object with only "reason" and "allow_again_for"')
+    return _reason(body.get("reason")), _again(body.get("allow_again_for"), approve)
+
+
+def _again(value: Any, approve: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not approve \
+            or not 0 < value <= approvals.STANDING_MAX:
+        raise HttpError(400, f"allow_again_for: seconds, more than 0 and at most {approvals.STANDING_MAX:g}, "
+                             "and only when approving")
+    return float(value)
+
+
+def _reason(reason: Any) -> str | None:
     if reason is None:
         return None
     if not isinstance(reason, str):

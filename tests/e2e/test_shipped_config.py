@@ -69,3 +69,24 @@ async def test_shipped_shell_run_denied_never_runs(
     error = (await call)["error"]
     assert error["code"] == -32015
     assert error["data"]["approval_id"] == pending["id"] and error["data"]["reason"] == "not today"
+
+
+async def test_an_operator_may_allow_the_same_shell_run_again_for_a_while(
+    shipped: tuple[Daemon, str], http: aiohttp.ClientSession
+) -> None:
+    daemon, token = shipped
+    command = {"command": "echo again"}
+    call = asyncio.create_task(rpc(http, daemon.url, token, "shell.run", command))
+    [pending] = await pending_approvals(daemon.config_dir)
+    code, out, err = await gatewayctl(daemon.config_dir, "approve", pending["id"], "--for", "10m")
+    assert code == 0 and "again for 600s" in out, err
+    assert (await call)["result"]["structuredContent"]["output"] == "again\n"
+    assert (await rpc(http, daemon.url, token, "shell.run", command, id=2))["result"]["isError"] is False
+    code, out, _ = await gatewayctl(daemon.config_dir, "approvals")
+    assert f"gatewayctl revoke {pending['id']}" in out and "no calls are waiting" in out
+    code, out, _ = await gatewayctl(daemon.config_dir, "revoke", pending["id"])
+    assert code == 0
+    code, _, err = await gatewayctl(daemon.config_dir, "revoke", pending["id"])
+    assert code == 1 and "no standing approval" in err
+    code, _, err = await gatewayctl(daemon.config_dir, "approve", "x", "--for", "2h")
+    assert code == 1 and "at most 3600" in err

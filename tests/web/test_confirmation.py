@@ -447,3 +447,47 @@ async def test_an_approval_that_cannot_be_audited_is_never_left_pending(gate: Ga
     answer = await gate.call("agent", {"text": "unrecorded"})
     assert answer["error"]["code"] == -32013
     assert len(gate.state.gateway.approvals) == 0 and gate.runs() == []
+
+
+async def test_allow_again_runs_the_very_same_call_without_asking_until_revoked(gate: Gate) -> None:
+    first = asyncio.create_task(gate.call("agent", {"text": "again"}))
+    [approval] = await gate.pending()
+    status, answer = await gate.admin.call("POST", f"/approvals/{approval.id}/approve", {"allow_again_for": 60})
+    assert status == 200 and "again for 60s" in answer["message"]
+    assert "result" in await first
+    # The very same call now runs at once; the approval it got is recorded as standing.
+    assert (await gate.call("agent", {"text": "again"}, id=2))["result"] == {"text": "again"}
+    assert len(gate.state.gateway.approvals) == 0
+    status, listed = await gate.admin.call("GET", "/approvals")
+    assert [item["approval_id"] for item in listed["standing"]] == [approval.id]
+    # Other arguments, or another client, are asked again.
+    other = asyncio.create_task(gate.call("agent", {"text": "different"}, id=3))
+    [waiting] = await gate.pending()
+    await gate.decide(waiting.id, "deny")
+    assert (await other)["error"]["code"] == -32015
+    status, _ = await gate.admin.call("DELETE", f"/approvals/{approval.id}/standing")
+    assert status == 200
+    after = asyncio.create_task(gate.call("agent", {"text": "again"}, id=4))
+    [asked] = await gate.pending()
+    await gate.decide(asked.id, "deny")
+    assert (await after)["error"]["code"] == -32015
+    assert gate.runs() == [{"text": "again"}, {"text": "again"}]
+    await gate.state.gateway.audit.flush()
+    path = gate.state.settings.audit_file()
+    assert path is not None
+    decided = [json.loads(line) for line in path.read_text().splitlines() if '"approval_decided"' in line]
+    assert [d["channel"] for d in decided] == ["cli", "standing", "cli", "cli"]
+    assert approval.id in decided[1]["reason"]
+
+
+async def test_allow_again_must_be_a_bounded_number_when_approving(gate: Gate) -> None:
+    call = asyncio.create_task(gate.call("agent", {"text": "bounded"}))
+    [approval] = await gate.pending()
+    for body in ({"allow_again_for": 7200}, {"allow_again_for": "10m"}, {"allow_again_for": True},
+                 {"allow_again_for": 0}):
+        status, _ = await gate.admin.call("POST", f"/approvals/{approval.id}/approve", body)
+        assert status == 400
+    status, _ = await gate.admin.call("POST", f"/approvals/{approval.id}/deny", {"allow_again_for": 60})
+    assert status == 400 and approval.state is State.PENDING
+    await gate.decide(approval.id, "approve")
+    assert "result" in await call

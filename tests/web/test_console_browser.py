@@ -117,9 +117,13 @@ async def test_an_operator_approves_and_denies_live_calls(tmp_path: Path, browse
         await expect(page.locator("#count")).to_have_text("2 calls are waiting for a decision.",
                                                           timeout=STEP_TIMEOUT_MS)
 
-        # Approve: the waiting call gets its result, the page shows gatewayd's answer and the outcome.
+        # Approve, allowing the very same call again for 10 minutes: the waiting call gets its result, the page
+        # shows gatewayd's answer and the outcome, and the same call then runs without asking.
+        await echo_item.locator('[data-field="allow-again"]').select_option("600")
         await echo_item.locator('[data-action="approve"]').click()
         assert (await echo)["result"] == HOSTILE
+        [standing] = state.gateway.approvals.standing()
+        assert standing.approval_id == echo_id and standing.by == "operator alice (web page)"
         await expect(echo_item.locator('[data-field="message"]')).to_contain_text(f"approval {echo_id} approved",
                                                                                   timeout=STEP_TIMEOUT_MS)
         await expect(echo_item).to_have_attribute("data-state", "approved", timeout=STEP_TIMEOUT_MS)
