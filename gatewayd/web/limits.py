@@ -351,6 +351,10 @@ async def middleware(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 async def _within_deadline(request: web.Request, handler: Handler, deadline: float | None) -> web.StreamResponse:
+    if deadline is None or request.content.is_eof():
+        # The body is already in (the usual case for a small POST): no deadline is left to enforce, and no timer
+        # needs arming and cancelling on every request.
+        return await handler(request)
     scope = asyncio.timeout_at(deadline)
     lift = _DeadlineLift(scope)
     try:
