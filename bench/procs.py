@@ -1,8 +1,10 @@
 """Processes under test: spawn a server, wait for its "listening on" line, stop it; read /proc.
 
-Owns every server subprocess the benchmark starts (the floor, gatewayd), the environment they
-run in (this venv's bin first on PATH, so `python3` in tools.d is this interpreter), the
-config directory gatewayd is given, and the /proc readings: RSS, peak RSS, CPU time, children.
+Owns every server subprocess the benchmark starts (the floor, gatewayd, the child), the Python they
+run on (`install_copy`: gatewayd installed in a venv as pip installs it for production, not the
+checkout's editable install), the environment they run in (that venv's bin first on PATH, so
+`python3` in tools.d is the same interpreter), the config directory gatewayd is given, and the /proc
+readings: RSS, peak RSS, CPU time, children.
 Every wait has a deadline; readiness is the server's own log line, never a sleep.
 """
 
@@ -10,15 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import compileall
 import contextlib
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import gatewayd
 from bench.wire import SERVER_NAME
 from gatewayd.config.edit import set_client_token
 from gatewayd.web.auth import hash_token, new_token
@@ -33,6 +40,26 @@ LISTENING = re.compile(r"listening on (http://\S+)")
 CLIENT = "bench"
 ROLE = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Making the venv of the installed copy (no pip, no download) takes a second or two.
+INSTALL_DEADLINE = 120.0
+# The interpreter every server and child runs on: this one until install_copy() sets the installed copy's.
+_python = Path(sys.executable)
+
+
+def install_copy(root: Path) -> Path:
+    """A venv under `root` with the gatewayd package installed as a wheel installs it (copied into site-packages,
+    byte-compiled) and this venv's site-packages as a plain path for the dependencies; every server, the floor
+    included, then runs on it. The checkout's editable install would add its import hook to every process
+    start (~25 ms each, for the daemon and again for each child), which no production install has."""
+    global _python
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=INSTALL_DEADLINE)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    shutil.copytree(Path(gatewayd.__file__).parent, site / "gatewayd", ignore=shutil.ignore_patterns("__pycache__"))
+    compileall.compile_dir(str(site / "gatewayd"), quiet=1)
+    (site / "bench-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _python = venv / "bin" / "python"
+    return _python
 KIB = 1024
 
 ECHO_TOML = """\
@@ -50,7 +77,7 @@ ROLES_TOML = f'[roles.{ROLE}]\nallow = ["{SERVER_NAME}.*"]\n'
 def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment with this interpreter's bin first on PATH and no GATEWAYD_* overrides."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("GATEWAYD_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{_python.parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra or {})
     return env
 
@@ -70,14 +97,14 @@ def daemon_argv(config_dir: Path) -> list[str]:
     """The daemon as an operator runs it, on a free loopback port."""
     # One client drives all the load, so the per-client rate and concurrency limits are lifted; the audit
     # log stays on, as it is by default.
-    return [sys.executable, "-m", "gatewayd", "--config-dir", str(config_dir), "--port", "0",
+    return [str(_python), "-m", "gatewayd", "--config-dir", str(config_dir), "--port", "0",
             "--host", "127.0.0.1",
             "--client-rate", "1000000", "--client-burst", "1000000", "--client-max-concurrent", "4096"]
 
 
 def floor_argv() -> list[str]:
     """The HTTP floor on a free loopback port."""
-    return [sys.executable, "-m", "bench.floor", "--host", "127.0.0.1", "--port", "0"]
+    return [str(_python), "-m", "bench.floor", "--host", "127.0.0.1", "--port", "0"]
 
 
 class ServerProcess:

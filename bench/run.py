@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import compileall
 import datetime
 import json
 import os
@@ -27,7 +26,6 @@ from typing import Any
 
 import aiohttp
 
-import gatewayd
 from bench.driver import JsonTarget, LoadResult, SseTarget, StdioTarget, Target, client_session, run_load
 from bench.floor import TOKEN_ENV
 from bench.procs import (
@@ -37,6 +35,7 @@ from bench.procs import (
     bench_env,
     daemon_argv,
     floor_argv,
+    install_copy,
     rss_kib,
     status_kib,
     tree,
@@ -341,7 +340,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     record: dict[str, Any] = {"machine": machine(), "args": {
         key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="gatewayd-bench-") as tmp:
-        config_dir = Path(tmp)
+        record["machine"]["python"] = str(install_copy(Path(tmp)))
+        config_dir = Path(tmp) / "config"
         token = write_config(config_dir)
         launches = await measure_launches(config_dir, token, args.launches)
         load = await measure_load(config_dir, token, args)
@@ -355,16 +355,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
-def compile_package() -> None:
-    """Byte-compile the gatewayd package, as `pip install` does for an installed copy: the checkout's editable
-    install otherwise recompiles every stale module at each daemon start wherever bytecode is not written
-    (PYTHONDONTWRITEBYTECODE), and launch times would measure the compiler (~0.05 s), not the daemon."""
-    compileall.compile_dir(str(Path(gatewayd.__file__).parent), quiet=1)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    compile_package()
     record = asyncio.run(bench(args))
     print(report(record))
     args.results_dir.mkdir(parents=True, exist_ok=True)
