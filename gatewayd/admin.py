@@ -37,8 +37,6 @@ from gatewayd.web.mcp_http import WebState
 logger = logging.getLogger(__name__)
 
 API = "/v1"
-# An operator's reason is a sentence, not a document.
-MAX_REASON_CHARS = 500
 # Admin requests are tiny; anything bigger is a mistake.
 MAX_BODY_BYTES = 64 * 1024
 # gatewayctl waits this long for an answer: every admin verb answers at once.
@@ -175,18 +173,13 @@ async def _revoke(request: web.Request) -> web.Response:
 
 async def _decide(request: web.Request) -> web.Response:
     approve = request.match_info["verdict"] == "approve"
-    body = await _body(request)
-    reason = body.get("reason")
-    again = body.get("allow_again_for")
-    if again is not None and (isinstance(again, bool) or not isinstance(again, int | float)
-                              or not 0 < again <= approvals.STANDING_MAX or not approve):
-        raise web.HTTPBadRequest(text=f"allow_again_for: seconds, more than 0 and at most "
-                                      f"{approvals.STANDING_MAX:g}, and only when approving")
+    try:
+        reason, again = approvals.parse_answer(await _body(request), approve=approve)
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from exc
     by = f"operator {peer(request)} (gatewayctl)"
     answer = request.app[STATE].gateway.approvals.decide(
-        request.match_info["id"], approve=approve, by=by, channel=approvals.CLI,
-        reason=str(reason)[:MAX_REASON_CHARS] if reason else None,
-        allow_again_for=float(again) if again is not None else None)
+        request.match_info["id"], approve=approve, by=by, channel=approvals.CLI, reason=reason, allow_again_for=again)
     if answer.ok:
         logger.info("%s: %s", by, answer.message)
     status = 200 if answer.ok else 404 if answer.approval is None else 409
@@ -194,14 +187,13 @@ async def _decide(request: web.Request) -> web.Response:
     return web.json_response({"ok": answer.ok, "message": answer.message, "approval": view}, status=status)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _body(request: web.Request) -> Any:
     if not request.can_read_body:
-        return {}
+        return None
     try:
-        body = await request.json()
+        return await request.json()
     except ValueError as exc:
         raise web.HTTPBadRequest(text="body must be JSON: {\"reason\": \"...\"}") from exc
-    return body if isinstance(body, dict) else {}
 
 
 # -- client ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import enum
 import logging
 import secrets
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,10 @@ MAX_PENDING = 1000
 FINISHED_KEPT = 1000
 # A watcher (the web page's stream) this far behind is dropped; it reconnects and reads the list again.
 WATCHER_BACKLOG = 1000
+# A reason is a short note for the caller and the audit log, not a document.
+MAX_REASON_CHARS = 500
+# The keys an operator's answer may carry (gatewayctl and the web page send the same body).
+ANSWER_KEYS = frozenset({"reason", "allow_again_for"})
 
 
 class State(enum.Enum):
@@ -87,6 +92,40 @@ class Approval:
             "expires_in_s": round(max(0.0, self.deadline - now), 3),
             "decided_by": self.decided_by, "channel": self.channel, "reason": self.reason,
         }
+
+
+def parse_answer(body: Any, *, approve: bool) -> tuple[str | None, float | None]:
+    """The reason and "allow again" seconds of an operator's answer `{"reason": …, "allow_again_for": …}` (both
+    optional; None for no body). Raises ValueError, with a message for the operator, for anything else."""
+    if body is None:
+        return None, None
+    if not isinstance(body, dict) or set(body) - ANSWER_KEYS:
+        raise ValueError('the body must be a JSON object with only "reason" and "allow_again_for"')
+    return _reason(body.get("reason")), _allow_again(body.get("allow_again_for"), approve)
+
+
+def _reason(reason: Any) -> str | None:
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise ValueError("reason must be a string")
+    # One line, no control characters: it reaches logs, the audit trail and the agent.
+    reason = " ".join(reason.split())
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValueError(f"reason is longer than {MAX_REASON_CHARS} characters")
+    if any(unicodedata.category(char) == "Cc" for char in reason):
+        raise ValueError("reason must not contain control characters")
+    return reason or None
+
+
+def _allow_again(value: Any, approve: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not approve \
+            or not 0 < value <= STANDING_MAX:
+        raise ValueError(f"allow_again_for: seconds, more than 0 and at most {STANDING_MAX:g}, and only when "
+                         "approving")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -171,10 +210,10 @@ class Approvals:
     def decide(self, approval_id: str, *, approve: bool, by: str, channel: str, reason: str | None = None,
                allow_again_for: float | None = None) -> Answer:
         """An answer from a person. Only the first answer to a pending approval counts. An operator approving may
-        also let the same client make the very same call again for `allow_again_for` seconds without asking."""
-        if allow_again_for is not None and (not approve or channel == CLIENT
-                                            or not 0 < allow_again_for <= STANDING_MAX):
-            return Answer(False, f"allow-again is for operators approving, for at most {STANDING_MAX:g}s")
+        also let the same client make the very same call again for `allow_again_for` seconds without asking
+        (checked by parse_answer; a caller's own user may never grant it)."""
+        if allow_again_for is not None and (channel == CLIENT or _allow_again(allow_again_for, approve) is None):
+            raise ValueError("allow-again is for operators approving")
         approval = self.get(approval_id)
         if approval is None:
             return Answer(False, f"no approval {approval_id!r} (unknown, or finished long ago)")

@@ -44,6 +44,8 @@ from gatewayd.upstream.server import ToolDef, ToolServer
 
 logger = logging.getLogger(__name__)
 
+# A call stopped at shutdown answers its caller within this long (it only has to write its error).
+CANCEL_GRACE = 5.0
 # LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SERVER_INFO = {"name": "gatewayd", "version": __version__}
@@ -550,11 +552,12 @@ class Gateway:
         logger.info("waiting up to %gs for %d calls in flight", grace, len(self._calls))
         await asyncio.wait({entry.task for entry in self._calls}, timeout=grace)
         left = list(self._calls)
-        if left:
-            logger.warning("cancelling %d calls still running after %gs", len(left), grace)
+        if not left:
+            return
+        logger.warning("cancelling %d calls still running after %gs", len(left), grace)
         for entry in left:
             entry.stop(ShuttingDown("gatewayd stopped before the call finished"))
-        await asyncio.wait({entry.task for entry in left}, timeout=grace or None)
+        await asyncio.wait({entry.task for entry in left}, timeout=CANCEL_GRACE)
 
     def _cancel(self, ctx: CallContext, params: Any) -> None:
         if not isinstance(params, dict) or "requestId" not in params:

@@ -160,9 +160,21 @@ def test_allow_again_is_bounded_and_for_operators_approving_only() -> None:
                    {"approve": True, "channel": approvals.CLIENT, "allow_again_for": 60.0},
                    {"approve": True, "channel": approvals.CLI, "allow_again_for": approvals.STANDING_MAX + 1},
                    {"approve": True, "channel": approvals.CLI, "allow_again_for": 0.0}):
-        assert not registry.decide(approval.id, by="op", **kwargs).ok  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            registry.decide(approval.id, by="op", **kwargs)  # type: ignore[arg-type]
     assert approval.state is State.PENDING
     assert registry.decide(approval.id, approve=True, by="op", channel=approvals.WEB, allow_again_for=600).ok
     assert [s.approval_id for s in registry.standing()] == [approval.id]
     assert registry.revoke(approval.id) and not registry.revoke(approval.id)
     assert registry.standing_for(_open(registry)) is None
+
+
+def test_an_operators_answer_is_checked_in_one_place() -> None:
+    assert approvals.parse_answer(None, approve=False) == (None, None)
+    assert approvals.parse_answer({"reason": "  not\n now  "}, approve=False) == ("not now", None)
+    assert approvals.parse_answer({"allow_again_for": 600}, approve=True) == (None, 600.0)
+    for body, approve in ([1], False), ({"extra": 1}, False), ({"reason": 5}, False), \
+            ({"reason": "x" * (approvals.MAX_REASON_CHARS + 1)}, False), ({"reason": "a\x00b"}, False), \
+            ({"allow_again_for": 600}, False), ({"allow_again_for": True}, True), ({"allow_again_for": "1m"}, True):
+        with pytest.raises(ValueError):
+            approvals.parse_answer(body, approve=approve)

@@ -17,7 +17,6 @@ import base64
 import hashlib
 import json
 import logging
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +34,6 @@ API_PATH = f"{PAGE_PATH}/api"
 
 # What the page offers for "allow the same call again without asking": (seconds, label); 0 asks every time.
 ALLOW_AGAIN_CHOICES = [(0, "no, ask every time"), (600, "for 10 minutes"), (3600, "for 1 hour")]
-# A reason is a short note for the caller and the audit log, not a document; the page's input stops here too.
-MAX_REASON_CHARS = 500
 # {"reason": <500 characters>} fits in this many times over; a bigger body is not a decision.
 MAX_DECISION_BODY_BYTES = 8192
 # Each open page holds a watcher queue; a handful of operators needs a few, a runaway script must not hold more.
@@ -506,7 +503,7 @@ _SCRIPT = r"""
 })();
 """
 
-_SCRIPT = (_SCRIPT.replace("__API__", API_PATH).replace("__MAX_REASON__", str(MAX_REASON_CHARS))
+_SCRIPT = (_SCRIPT.replace("__API__", API_PATH).replace("__MAX_REASON__", str(approvals.MAX_REASON_CHARS))
            .replace("__AGAIN_CHOICES__", json.dumps(ALLOW_AGAIN_CHOICES)))
 
 _BODY = """
@@ -684,39 +681,12 @@ async def _read_body(request: web.Request) -> bytes:
 def _answer(data: bytes, approve: bool) -> tuple[str | None, float | None]:
     """The optional reason and "allow again" seconds from a body `{"reason": "...", "allow_again_for": 600}`
     (or none); HttpError(400) for anything else."""
-    if not data.strip():
-        return None, None
     try:
-        body = json.loads(data)
-    except (ValueError, RecursionError):
+        return approvals.parse_answer(json.loads(data) if data.strip() else None, approve=approve)
+    except RecursionError:
         raise HttpError(400, 'the body must be JSON: {"reason": "..."}, or empty') from None
-    if not isinstance(body, dict) or set(body) - {"reason", "allow_again_for"}:
-        raise HttpError(400, 'the body must be a JSON object with only "reason" and "allow_again_for"')
-    return _reason(body.get("reason")), _again(body.get("allow_again_for"), approve)
-
-
-def _again(value: Any, approve: bool) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not approve \
-            or not 0 < value <= approvals.STANDING_MAX:
-        raise HttpError(400, f"allow_again_for: seconds, more than 0 and at most {approvals.STANDING_MAX:g}, "
-                             "and only when approving")
-    return float(value)
-
-
-def _reason(reason: Any) -> str | None:
-    if reason is None:
-        return None
-    if not isinstance(reason, str):
-        raise HttpError(400, "reason must be a string")
-    # One line, no control characters: it reaches logs, the audit trail and the agent.
-    reason = " ".join(reason.split())
-    if len(reason) > MAX_REASON_CHARS:
-        raise HttpError(400, f"reason is longer than {MAX_REASON_CHARS} characters")
-    if any(unicodedata.category(char) == "Cc" for char in reason):
-        raise HttpError(400, "reason must not contain control characters")
-    return reason or None
+    except ValueError as exc:  # json's own errors are ValueErrors too, and say where the JSON broke
+        raise HttpError(400, str(exc)) from None
 
 
 # -- the live stream --------------------------------------------------------------------------------------

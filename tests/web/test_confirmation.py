@@ -491,3 +491,12 @@ async def test_allow_again_must_be_a_bounded_number_when_approving(gate: Gate) -
     assert status == 400 and approval.state is State.PENDING
     await gate.decide(approval.id, "approve")
     assert "result" in await call
+
+
+async def test_drain_returns_once_calls_in_flight_finish_within_the_grace(gate: Gate) -> None:
+    call = asyncio.create_task(gate.call("agent", {"text": "last"}))
+    [approval] = await gate.pending()
+    await gate.decide(approval.id, "approve")
+    # The call may still be finishing; draining with room to spare must simply wait for it.
+    await gate.state.gateway.drain(5.0)
+    assert "result" in await call

@@ -214,7 +214,7 @@ async def test_an_unknown_approval_is_404(stack: Stack) -> None:
 
 @pytest.mark.parametrize(("body", "expected"), [
     (b"not json", 400), (b"[]", 400), (b'"reason"', 400), (b'{"reason": 5}', 400), (b'{"reson": "typo"}', 400),
-    (b"\xff", 400), (b"[" * 5000, 400), (json.dumps({"reason": "x" * (console.MAX_REASON_CHARS + 1)}).encode(), 400),
+    (b"\xff", 400), (b"[" * 5000, 400), (json.dumps({"reason": "x" * (approvals.MAX_REASON_CHARS + 1)}).encode(), 400),
     (json.dumps({"reason": "bell \a"}).encode(), 400), (b" " * (console.MAX_DECISION_BODY_BYTES + 1), 413),
 ])
 async def test_a_body_that_is_not_a_reason_is_refused_and_decides_nothing(
