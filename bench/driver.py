@@ -138,8 +138,10 @@ def client_session(max_connections: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT))
 
 
-class JsonTarget:
-    """POST a fixed JSON-RPC body with `Accept: application/json`; the answer must be the echo."""
+class _HttpTarget:
+    """An HTTP server under load: where it is, the token, and the process tree whose CPU it costs."""
+
+    accept = wire.ACCEPT_JSON
 
     def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int) -> None:
         self.name = name
@@ -147,10 +149,14 @@ class JsonTarget:
         self.url = url
         self.server_pid = server_pid
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                        "Accept": wire.ACCEPT_JSON}
+                        "Accept": self.accept}
 
     def server_pids(self) -> list[int]:
         return tree(self.server_pid)
+
+
+class JsonTarget(_HttpTarget):
+    """POST a fixed JSON-RPC body with `Accept: application/json`; the answer must be the echo."""
 
     async def call(self) -> None:
         async with self.http.post(self.url, data=wire.DIRECT_BODY, headers=self.headers) as response:
@@ -160,19 +166,10 @@ class JsonTarget:
         wire.check_direct(json.loads(body))
 
 
-class SseTarget:
+class SseTarget(_HttpTarget):
     """MCP `tools/call` in one session with `Accept: application/json, text/event-stream`; the answer comes as SSE."""
 
-    def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int) -> None:
-        self.name = name
-        self.http = http
-        self.url = url
-        self.server_pid = server_pid
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                        "Accept": wire.ACCEPT_SSE}
-
-    def server_pids(self) -> list[int]:
-        return tree(self.server_pid)
+    accept = wire.ACCEPT_SSE
 
     async def open_session(self) -> None:
         """`initialize`, keep its session id, send `notifications/initialized`."""

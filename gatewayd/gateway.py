@@ -44,6 +44,8 @@ from gatewayd.upstream.server import ToolDef, ToolServer
 
 logger = logging.getLogger(__name__)
 
+# The route of a JSON-RPC notification (no id: no answer, not even an error).
+NOTIFICATION = "notification"
 # A call stopped at shutdown answers its caller within this long (it only has to write its error).
 CANCEL_GRACE = 5.0
 # LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
@@ -119,6 +121,13 @@ class _CallInfo:
     trace: str = ""
     # Set when the call needs a person's yes before it runs.
     confirm: ConfirmOptions | None = None
+    _params_sha256: str | None = None
+
+    def params_sha256(self) -> str:
+        """The arguments' hash, computed once: the decision record and an approval both carry it."""
+        if self._params_sha256 is None:
+            self._params_sha256 = audit.params_hash(self.arguments)
+        return self._params_sha256
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
         """An audit record of this call; its records share one trace id."""
@@ -176,15 +185,9 @@ class Gateway:
             return
         if message.method.startswith("notifications/"):
             return
-        info = _CallInfo(ctx, "notification", None, _meta_of(message.params), message.method)
+        info = _CallInfo(ctx, NOTIFICATION, None, _meta_of(message.params), message.method)
         try:
             target = await self._direct_target(info, message.params)
-            if info.confirm is not None:
-                # Nobody waits for a notification, so nobody could be told a person's answer: it never runs.
-                logger.info("client=%s notification %s dropped: it needs a person's confirmation; send a request",
-                            ctx.principal.name, message.method)
-                await self._outcome(info, "confirmation_required")
-                return
             if target.server.config.protocol == "mcp":
                 # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
                 logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,
@@ -287,6 +290,11 @@ class Gateway:
             await self._decided(info, "deny", rule=rule, reason="arguments")
             raise ArgumentsRefused(f"{target.canonical}: argument {verdict.rule.argument!r} breaks the policy rule "
                                    f"{verdict.rule.check}", {"rule": rule})
+        if verdict.decision is Decision.CONFIRM and info.request_id is None and info.route == NOTIFICATION:
+            # Nobody waits for a notification, so nobody could be told a person's answer: it never runs.
+            await self._decided(info, "deny", rule=rule, reason="needs confirmation, and a notification cannot wait")
+            raise ConfirmationDenied(f"{target.canonical} needs a person's confirmation: send it as a request",
+                                     {"method": target.canonical})
         if verdict.decision is Decision.CONFIRM:
             await self._decided(info, "confirm", rule=rule, reason=verdict.reason, durable=True)
             info.confirm = policy.confirm_options(info.ctx.principal, verdict, target.canonical)
@@ -300,7 +308,7 @@ class Gateway:
             self.metrics.observe_denied()
         if not self.audit.enabled:
             return
-        event = info.record("decision", decision=decision, params_sha256=audit.params_hash(info.arguments),
+        event = info.record("decision", decision=decision, params_sha256=info.params_sha256(),
                             params=audit.summarize(info.arguments), **fields)
         await self.audit.record(event, durable=durable)
 
@@ -418,7 +426,7 @@ class Gateway:
             and ctx.session.supports_form_elicitation()
         approval = self.approvals.open(
             client=ctx.principal.name, method=info.method, arguments=info.arguments,
-            params_sha256=audit.params_hash(info.arguments), session_id=ctx.session.id if ctx.session else None,
+            params_sha256=info.params_sha256(), session_id=ctx.session.id if ctx.session else None,
             channels=channels if ask_client else channels - {approvals.CLIENT}, timeout=options.timeout,
         )
         undo: list[Callable[[], None]] = []
