@@ -358,7 +358,7 @@ def _diff_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"servers {kind}: {', '.join(servers[kind])}" for kind in ("added", "removed") if servers[kind]]
     if servers["changed"]:
         lines.append(f"servers changed (restarted on new children): {', '.join(servers['changed'])}")
-    for kind in ("clients", "roles", "operators"):
+    for kind in ("clients", "roles", "operators", "scrapers"):
         lines += [f"{kind} {change}: {', '.join(names)}" for change, names in result[kind].items() if names]
     return lines or ["no server, client, role or operator changed"]
 

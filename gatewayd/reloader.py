@@ -79,6 +79,7 @@ class ReloadResult:
     clients: NamesDiff = field(default_factory=NamesDiff)
     roles: NamesDiff = field(default_factory=NamesDiff)
     operators: NamesDiff = field(default_factory=NamesDiff)
+    scrapers: NamesDiff = field(default_factory=NamesDiff)
     at: float = field(default_factory=time.time)
 
     def view(self) -> dict[str, Any]:
@@ -89,7 +90,7 @@ class ReloadResult:
             "errors": self.errors, "at": self.at,
             "servers": {key: getattr(self.servers, key) for key in (*names, "unchanged")},
             **{kind: {key: getattr(getattr(self, kind), key) for key in names}
-               for kind in ("clients", "roles", "operators")},
+               for kind in ("clients", "roles", "operators", "scrapers")},
         }
 
 
@@ -100,9 +101,7 @@ class Reloader:
         self.state = state
         self.snapshot = snapshot
         self.drain = drain
-        self.generation = 1
         self.last: ReloadResult | None = None
-        self.reloads = 0
         self.failures = 0
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[str] = asyncio.Queue()
@@ -116,6 +115,17 @@ class Reloader:
     @property
     def config_dir(self) -> Path:
         return self.snapshot.config_dir
+
+    @property
+    def generation(self) -> int:
+        """The running config's generation: 1 at start, one more per applied reload (the pool stamps its
+        servers with it)."""
+        return self.state.gateway.pool.generation
+
+    @property
+    def reloads(self) -> int:
+        """Reloads applied so far."""
+        return self.generation - 1
 
     def request(self, trigger: str) -> None:
         """Ask for a reload from a signal handler; `serve_requests` carries it out."""
@@ -162,14 +172,13 @@ class Reloader:
         servers = state.gateway.pool.apply(snapshot, self.drain, self.generation + 1)
         state.tokens = TokenTable(snapshot)
         self.snapshot = snapshot
-        self.generation += 1
-        self.reloads += 1
         self._update_sessions(servers)
         self._recheck_approvals()
         return ReloadResult(True, trigger, self.generation, changed=True, servers=servers,
                             clients=NamesDiff.between(old.clients, snapshot.clients),
                             roles=NamesDiff.between(old.roles, snapshot.roles),
-                            operators=NamesDiff.between(old.operators, snapshot.operators))
+                            operators=NamesDiff.between(old.operators, snapshot.operators),
+                            scrapers=NamesDiff.between(old.scrapers, snapshot.scrapers))
 
     def _update_sessions(self, servers: PoolDiff) -> None:
         """Open sessions get their client's new grants at once; those whose tool list may differ are told."""
@@ -311,7 +320,7 @@ class Reloader:
 def _summary(result: ReloadResult) -> str:
     parts = [f"servers {kind} {', '.join(names)}" for kind in ("added", "removed", "changed")
              if (names := getattr(result.servers, kind))]
-    for kind in ("clients", "roles", "operators"):
+    for kind in ("clients", "roles", "operators", "scrapers"):
         diff: NamesDiff = getattr(result, kind)
         if diff:
             parts.append(f"{kind} changed")
