@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd.errors import HttpError
+from gatewayd.once import Once
 from gatewayd.policy import Principal
 
 logger = logging.getLogger(__name__)
@@ -50,27 +51,21 @@ class Session:
         default_factory=lambda: asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
     )
     stream_open: bool = False
-    # Called once when the session ends (DELETE, expiry): pending approvals of its calls are withdrawn.
-    _on_end: list[Callable[[], None]] = field(default_factory=list)
-    ended: bool = False
+    # The session ends (DELETE, expiry): pending approvals of its calls are withdrawn.
+    _ended: Once = field(default_factory=Once)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.happened
 
     def on_end(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` when the session ends (at once if it has); returns a function that cancels this."""
-        if self.ended:
-            callback()
-            return _nothing
-        self._on_end.append(callback)
-        return lambda: self._on_end.remove(callback) if callback in self._on_end else None
+        return self._ended.add(callback)
 
     def end(self) -> None:
         """The session is over: tell whoever asked, and end its GET stream."""
-        if self.ended:
-            return
-        self.ended = True
-        callbacks, self._on_end = self._on_end, []
-        for callback in callbacks:
-            callback()
-        self.push(None)
+        if self._ended.fire():
+            self.push(None)
 
     def view(self) -> dict[str, Any]:
         """What operators see of a session (gatewayctl status): never the whole id."""
@@ -96,10 +91,6 @@ class Session:
         if level not in LOG_LEVELS:
             return True
         return LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.log_level)
-
-
-def _nothing() -> None:
-    return None
 
 
 def negotiate(requested: Any) -> str:

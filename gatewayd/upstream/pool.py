@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gatewayd.config.loader import Snapshot
 from gatewayd.upstream.server import ToolServer
@@ -80,18 +79,15 @@ class Pool:
         self.servers = servers
         fresh = [servers[name] for name in diff.added + diff.changed if servers[name].config.start == "eager"]
         if fresh:
-            self._own(self._start(fresh), self._starting)
+            task = asyncio.create_task(self._start(fresh), name="eager-start-after-reload")
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
         return diff
 
     def _retire(self, server: ToolServer, why: str, drain: float) -> None:
         task = asyncio.create_task(server.retire(why, drain), name=f"{server.name}-retire")
         self._retiring[server] = task
         task.add_done_callback(lambda _: self._retiring.pop(server, None))
-
-    def _own(self, coro: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]]) -> None:
-        task = asyncio.create_task(coro)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
 
     @property
     def retiring(self) -> list[ToolServer]:

@@ -36,6 +36,7 @@ from aiohttp.web_request import BaseRequest
 from gatewayd.config.models import ClientLimits
 from gatewayd.errors import HttpError
 from gatewayd.jsonrpc import Message, Request
+from gatewayd.once import Once
 from gatewayd.policy import Principal
 from gatewayd.settings import Settings
 
@@ -110,16 +111,14 @@ class LimitedProtocol(RequestHandler):
         self._started_at: float | None = None
         self._header_timer: asyncio.Handle | None = None
         self._cut_after_response = False
-        # Told when the client goes away (a call waiting for approval is then withdrawn).
-        self._on_lost: list[Callable[[], None]] = []
+        # The client goes away (a call waiting for approval is then withdrawn).
+        self._lost = Once()
 
     def on_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` when this connection closes (at once if it has); returns how to cancel that."""
         if self.transport is None or self.transport.is_closing():
-            callback()
-            return _nothing
-        self._on_lost.append(callback)
-        return lambda: self._on_lost.remove(callback) if callback in self._on_lost else None
+            self._lost.fire()
+        return self._lost.add(callback)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._gate.admit():
@@ -138,9 +137,7 @@ class LimitedProtocol(RequestHandler):
         self._admitted = False
         self._gate.release()
         self._stop_clock()
-        callbacks, self._on_lost = self._on_lost, []
-        for callback in callbacks:
-            callback()
+        self._lost.fire()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -316,11 +313,7 @@ def on_disconnect(request: web.BaseRequest, callback: Callable[[], None]) -> Cal
     protocol = request.protocol
     if isinstance(protocol, LimitedProtocol):
         return protocol.on_lost(callback)
-    return _nothing
-
-
-def _nothing() -> None:
-    return None
+    return lambda: None
 
 
 # -- the body deadline and the per-client slot, around every request -----------------------------
