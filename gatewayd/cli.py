@@ -6,6 +6,10 @@ file and key, never a traceback, with a non-zero exit status.
 
 from __future__ import annotations
 
+# First: asyncio and aiohttp are imported there, without TLS (see its docstring).
+from gatewayd import lean_import  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 import faulthandler
@@ -19,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gatewayd import __version__, lean_import  # noqa: F401  (lean_import: before anything imports aiohttp)
+from gatewayd import __version__
 from gatewayd.admin import AdminClient, AdminUnavailable
 from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot

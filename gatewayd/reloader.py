@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,8 @@ class Reloader:
         self.failures = 0
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[str] = asyncio.Queue()
-        self._stop_watching = asyncio.Event()
+        # Read by the watcher's thread at every step (QUIET_MS).
+        self._stop_watching = threading.Event()
         # Digest of the files a reload last refused: a periodic check does not retry the same broken files.
         self._refused_digest: str | None = None
         # Whether the files on disk were the running config when last checked (check_sync).
@@ -241,11 +243,19 @@ class Reloader:
         while not self._stop_watching.is_set():
             targets = self._watch_targets()
             self._next_drift_check = 0.0  # a new watcher's first tick compares the files: nothing slips in between
-            watcher = watchfiles.awatch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
-                                        stop_event=self._stop_watching, recursive=False, rust_timeout=WATCH_TICK_MS,
-                                        yield_on_timeout=True)
-            async with contextlib.aclosing(watcher) as changes_seen:
-                async for changes in changes_seen:
+            # watchfiles' synchronous generator, stepped in a worker thread: its async twin runs on anyio, whose
+            # socket module imports ssl, which the daemon otherwise never loads (see lean_import).
+            watcher = watchfiles.watch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
+                                       stop_event=self._stop_watching, recursive=False, rust_timeout=WATCH_TICK_MS,
+                                       yield_on_timeout=True, raise_interrupt=False)
+            stepping = False
+            try:
+                while True:
+                    stepping = True
+                    changes = await asyncio.to_thread(next, watcher, None)
+                    stepping = False
+                    if changes is None:
+                        return  # told to stop
                     if not changes:
                         await self._check_drift()
                     else:
@@ -255,6 +265,12 @@ class Reloader:
                     if self._watch_targets() != targets:
                         logger.info("config directories moved: watching the new ones")
                         break
+            finally:
+                if stepping:
+                    # Cancelled mid-step: told to stop, the thread's step ends within QUIET_MS and the watch with it.
+                    self._stop_watching.set()
+                else:
+                    watcher.close()
 
     async def _settle(self) -> None:
         """Return once the config files have not changed for SETTLE_QUIET, or after SETTLE_MAX."""
