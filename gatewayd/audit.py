@@ -43,8 +43,8 @@ import logging
 import math
 import os
 import queue
+import random
 import re
-import secrets
 import stat
 import threading
 import time
@@ -96,6 +96,10 @@ _UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _FRAMED = ("seq", "time")
 
 
+# The canonical form params_hash hashes (built once: json.dumps with options builds an encoder per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 # -- helpers for the integrator ------------------------------------------------------------
 
 
@@ -104,7 +108,7 @@ def params_hash(params: Any) -> str:
 
     Not a secret: a low-entropy argument can be guessed from it, one reason the file is 0600.
     """
-    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    canonical = _CANONICAL.encode(params)
     # A lone surrogate (legal in a JSON string escape) must hash, not raise.
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -127,7 +131,8 @@ def trace_id(meta: Any) -> str:
         match = _TRACEPARENT.fullmatch(header)
         if match and match[1] != "0" * 32 and match[2] != "0" * 16:
             return match[1]
-    return secrets.token_hex(16)
+    # A correlation id, not a secret: the process's PRNG, without a getrandom() system call per call.
+    return f"{random.getrandbits(128):032x}"
 
 
 class _Summary:

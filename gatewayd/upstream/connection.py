@@ -212,6 +212,11 @@ class Connection:
             return
         self._proc.stdin.write(b"".join(lines))
 
+    def _backlogged(self) -> bool:
+        """Whether bytes wait for the child's stdin: only then can a drain have anything to wait for."""
+        stdin = self._proc.stdin if self._proc is not None else None
+        return stdin is not None and stdin.transport.get_write_buffer_size() > 0
+
     async def _drain(self) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         try:
@@ -252,14 +257,17 @@ class Connection:
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": call_id, "method": method}
         if params is not None:
             message["params"] = params
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._write(message)
         self._pending[call_id] = PendingCall(method, future, on_event)
+        # The deadline fails the future itself: one timer, not a timeout scope around the await (measurably cheaper).
+        deadline = loop.call_later(timeout, _expire, future)
         try:
-            await self._drain()
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
+            if self._backlogged():
+                await self._drain()
+            return await future
+        except _Expired:
             if cancel_on_timeout:
                 await self._send_cancel(call_id, "timed out")
             raise CallTimedOut(
@@ -271,6 +279,7 @@ class Connection:
                 await asyncio.shield(self._send_cancel(call_id, "cancelled by the client"))
             raise
         finally:
+            deadline.cancel()
             self._pending.pop(call_id, None)
 
     async def _send_cancel(self, call_id: int, reason: str) -> None:
@@ -458,6 +467,15 @@ async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class _Expired(Exception):
+    """A call's deadline passed: set on its future by its timer."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -10,7 +10,6 @@ Does not own routing or policy (gateway.py) or the set of servers (pool.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import time
@@ -338,27 +337,26 @@ class ToolServer:
 
     # -- calls -----------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _admitted(self, timeout: float) -> Any:
-        """Hold one of `max_in_flight` slots; wait in a queue of at most `max_queued`."""
-        if self._slots.locked() and self._waiting >= self.config.max_queued:
-            raise Overloaded(
-                f"tool server {self.name!r} is busy: {self.config.max_in_flight} calls in flight, "
-                f"{self._waiting} waiting",
-                {"server": self.name, "max_in_flight": self.config.max_in_flight},
-            )
+    async def _admit(self, timeout: float) -> None:
+        """Take one of `max_in_flight` slots, waiting in a queue of at most `max_queued`; `_release` gives it back.
+        (A pair of calls rather than a context manager: this is on every call's path, and contextlib's costs more.)"""
         if self._slots.locked():
+            if self._waiting >= self.config.max_queued:
+                raise Overloaded(
+                    f"tool server {self.name!r} is busy: {self.config.max_in_flight} calls in flight, "
+                    f"{self._waiting} waiting",
+                    {"server": self.name, "max_in_flight": self.config.max_in_flight},
+                )
             await self._wait_for_slot(timeout)
         else:
             await self._slots.acquire()
         self._busy(1, 0)
         self._touch()
-        try:
-            yield
-        finally:
-            self._busy(-1, 0)
-            self._slots.release()
-            self._touch()
+
+    def _release(self) -> None:
+        self._busy(-1, 0)
+        self._slots.release()
+        self._touch()
 
     async def _wait_for_slot(self, timeout: float) -> None:
         self._busy(0, 1)
@@ -375,11 +373,14 @@ class ToolServer:
     ) -> Any:
         """Call a plain JSON-RPC method, or an MCP tool (as `tools/call`). Returns the child's raw result."""
         timeout = self.config.timeout_for(method)
-        async with self._admitted(timeout):
+        await self._admit(timeout)
+        try:
             conn = await self.ensure_running()
             if self.config.protocol == "jsonrpc":
                 return await self._call_jsonrpc(conn, method, params, timeout, on_event, progress)
             return await self._call_mcp_tool(conn, method, params, timeout, on_event, progress)
+        finally:
+            self._release()
 
     async def _call_jsonrpc(
         self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
@@ -405,9 +406,12 @@ class ToolServer:
 
     async def notify(self, method: str, params: Any) -> None:
         """Send a notification-only method; nothing comes back."""
-        async with self._admitted(self.config.timeout_for(method)):
+        await self._admit(self.config.timeout_for(method))
+        try:
             conn = await self.ensure_running()
             await conn.notify(method, params)
+        finally:
+            self._release()
 
     async def has_tool(self, method: str) -> bool:
         """Whether the server offers `method` (declared, or listed by the MCP child)."""

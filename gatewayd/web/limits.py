@@ -109,6 +109,10 @@ class LimitedProtocol(RequestHandler):
         # Bytes of the next request have arrived: a timeout then owes the client a 408.
         self._partial = False
         self._started_at: float | None = None
+        # When the current request's headers are due (None: none are awaited). The timer is armed lazily and
+        # left armed when a request starts in time: on a busy keep-alive connection it fires once per
+        # header_timeout and re-arms, instead of being created and cancelled for every request.
+        self._header_deadline: float | None = None
         self._header_timer: asyncio.Handle | None = None
         self._cut_after_response = False
         # The client goes away (a call waiting for approval is then withdrawn).
@@ -137,13 +141,16 @@ class LimitedProtocol(RequestHandler):
         self._admitted = False
         self._gate.release()
         self._stop_clock()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
         self._lost.fire()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._admitted and self._idle and data:
             self._partial = True
-            if self._header_timer is None:
+            if self._header_deadline is None:
                 self._start_clock()
         super().data_received(data)
 
@@ -186,22 +193,34 @@ class LimitedProtocol(RequestHandler):
 
     def _start_clock(self) -> None:
         self._started_at = self._event_loop.time()
-        deadline = self._started_at + self._gate.limits.header_timeout
-        self._header_timer = self._event_loop.call_at(deadline, self._headers_due)
+        self._header_deadline = self._started_at + self._gate.limits.header_timeout
+        if self._header_timer is None:
+            self._header_timer = self._event_loop.call_at(self._header_deadline, self._headers_due)
 
     def _stop_clock(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._header_deadline = None
 
     def _headers_due(self) -> None:
+        self._header_timer = None
+        deadline = self._header_deadline
+        if deadline is None or self.transport is None:
+            return
+        if self._event_loop.time() < deadline:
+            # A later request's clock (the timer was armed for an earlier one).
+            self._header_timer = self._event_loop.call_at(deadline, self._headers_due)
+            return
         # Headers that arrived in this same loop turn reach request_started on the next one (aiohttp
         # wakes its reader task first): decide after it, so a request that made it in time is served.
         self._header_timer = self._event_loop.call_soon(self._headers_too_slow)
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if self.transport is None:
+        deadline = self._header_deadline
+        if self.transport is None or deadline is None:
+            return
+        if self._event_loop.time() < deadline:
+            # The awaited headers came in that turn, and the next request's clock has started since.
+            self._header_timer = self._event_loop.call_at(deadline, self._headers_due)
             return
         # A client that sent nothing gets no answer (it may be about to send, and would misread one).
         if self._partial:
