@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -87,6 +88,9 @@ TOO_DEEP = "[…]"
 SECRET_KEY_PARTS = (
     "token", "secret", "password", "passwd", "apikey", "authorization", "cookie", "credential", "privatekey",
 )
+
+# Argument names are few and repeat on every call: the verdicts on this many short ones are remembered.
+SECRET_KEY_CACHE = 1024
 
 # W3C Trace Context, version 00: lowercase hex only; all-zero trace or parent ids are invalid.
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
@@ -182,6 +186,16 @@ class _Summary:
 
 
 def _looks_secret(key: str) -> bool:
+    # Only short names are remembered: a cache of client-chosen long keys would grow memory with them.
+    return _short_name_looks_secret(key) if len(key) <= SUMMARY_MAX_KEY else _has_secret_part(key)
+
+
+@functools.lru_cache(maxsize=SECRET_KEY_CACHE)
+def _short_name_looks_secret(key: str) -> bool:
+    return _has_secret_part(key)
+
+
+def _has_secret_part(key: str) -> bool:
     folded = key.lower().replace("_", "").replace("-", "")
     return any(part in folded for part in SECRET_KEY_PARTS)
 

@@ -625,7 +625,8 @@ def _arguments(params: Any) -> Any:
 
 def _inflight_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:
     session = ctx.session.id if ctx.session else ""
-    return (ctx.principal.name, session, json.dumps(request_id))
+    # repr tells the id 1 from the id "1", as the client meant them, without an encoder per call.
+    return (ctx.principal.name, session, repr(request_id))
 
 
 def _event_mapper(ctx: CallContext, meta: Any) -> tuple[Emit | None, bool]:

@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
+# Distinct Accept headers whose parse is remembered.
+ACCEPT_CACHE = 64
 # MCP's own methods need a session; `server.method` direct calls do not.
 SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel"})
 
@@ -59,7 +61,12 @@ def _state(request: web.Request) -> WebState:
 
 def _accepts(request: web.Request) -> tuple[bool, bool]:
     """(accepts JSON, accepts SSE) from the Accept header; no header accepts JSON."""
-    accept = request.headers.get("Accept", "")
+    return _parse_accept(request.headers.get("Accept", ""))
+
+
+# A client sends the same Accept header on every request: parse each distinct one once (bounded).
+@functools.lru_cache(maxsize=ACCEPT_CACHE)
+def _parse_accept(accept: str) -> tuple[bool, bool]:
     if not accept:
         return True, False
     parts = {part.split(";", 1)[0].strip().lower() for part in accept.split(",")}
