@@ -652,10 +652,14 @@ def _event_mapper(ctx: CallContext, meta: Any) -> tuple[Emit | None, bool]:
     return forward, token is not None
 
 
+# A plain JSON-RPC result's text for the model (built once: json.dumps with options builds one per call).
+_RESULT_TEXT = json.JSONEncoder(ensure_ascii=False)
+
+
 def _as_tool_result(result: Any) -> dict[str, Any]:
     """A plain JSON-RPC result as an MCP CallToolResult: text for the model, structure for programs."""
     structured = result if isinstance(result, dict) else {"result": result}
-    return {"content": [{"type": "text", "text": json.dumps(result, ensure_ascii=False)}],
+    return {"content": [{"type": "text", "text": _RESULT_TEXT.encode(result)}],
             "structuredContent": structured, "isError": False}
 
 
