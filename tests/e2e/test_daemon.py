@@ -148,3 +148,16 @@ async def test_audit_log_rotates_on_sigusr1(tmp_path: Path, http: aiohttp.Client
                          what="records after the rotation go to a new file")
     assert '"request_id":"after"' not in rotated.read_text()
     assert trail.stat().st_mode & 0o777 == 0o600
+
+
+async def test_the_daemon_never_loads_tls(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """Plain HTTP on loopback only: Python's ssl (libssl and its tables, 3.7 MiB) stays unloaded, also once the
+    config watcher has run (watchfiles' async API would import it through anyio)."""
+    tokens = write_config(tmp_path, {"fault": FAULT}, ROLES, {"c": ["r"]})
+    async with Daemon(tmp_path) as daemon:
+        assert daemon.proc is not None
+        assert isinstance((await rpc(http, daemon.url, tokens["c"], "fault.pid", {}))["result"], int)
+        (tmp_path / "tools.d" / "fault.toml").write_text(FAULT + "# touched\n")
+        await daemon.wait_log(r"reload \(files changed: fault\.toml\)")
+        maps = await asyncio.to_thread(Path(f"/proc/{daemon.proc.pid}/maps").read_text)
+        assert "libssl" not in maps and "_ssl." not in maps
