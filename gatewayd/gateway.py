@@ -243,11 +243,11 @@ class Gateway:
     async def _direct_target(self, info: _CallInfo, params: Any) -> Target:
         """The target of a direct `server.method` call; unknown and denied raise the same MethodNotFound."""
         server_name, dot, rest = info.method.partition(".")
-        unknown = MethodNotFound(info.method)
         if not dot:
             await self._decided(info, "deny", reason="unknown")
-            raise unknown
-        return await self._resolve(info, server_name, rest, _arguments(params), unknown)
+            raise MethodNotFound(info.method)
+        return await self._resolve(info, server_name, rest, _arguments(params), functools.partial(MethodNotFound,
+                                                                                                   info.method))
 
     async def _tool_target(self, info: _CallInfo, name: Any, arguments: dict[str, Any]) -> Target:
         """The target of `tools/call {name}`; unknown and denied raise the same UnknownTool."""
@@ -257,33 +257,33 @@ class Gateway:
         if not sep or not TOOL_NAME.fullmatch(name):
             await self._decided(info, "deny", reason="unknown")
             raise UnknownTool(name)
-        return await self._resolve(info, server_name, rest, arguments, UnknownTool(name))
+        return await self._resolve(info, server_name, rest, arguments, functools.partial(UnknownTool, name))
 
     async def _resolve(
-        self, info: _CallInfo, server_name: str, method: str, arguments: Any, unknown: GatewayError
+        self, info: _CallInfo, server_name: str, method: str, arguments: Any, unknown: Callable[[], GatewayError]
     ) -> Target:
         """The one decision for a call, recorded before anything runs.
 
-        Deny and absence raise `unknown` alike; a call that needs confirmation gets `info.confirm` and waits
-        for a person once tracked (_confirm); a dangerous call runs only once its decision is durably in the
-        audit log.
+        Deny and absence alike raise what `unknown` makes (made only then: an exception is costly to make on
+        every call); a call that needs confirmation gets `info.confirm` and waits for a person once tracked
+        (_confirm); a dangerous call runs only once its decision is durably in the audit log.
         """
         info.arguments = arguments
         server = self.pool.get(server_name)
         if server is None:
             await self._decided(info, "deny", reason="unknown")
-            raise unknown
+            raise unknown()
         target = Target(server, method)
         info.method = target.canonical
         verdict = policy.decide(info.ctx.principal, target.canonical, arguments,
                                 confirm_required=server.config.needs_confirmation(method))
         if verdict.decision is Decision.DENY and not verdict.refused_arguments:
             await self._decided(info, "deny", reason=verdict.reason)
-            raise unknown
+            raise unknown()
         # Only a client that may call the method learns whether it exists (and may make the server start).
         if not await server.has_tool(method):
             await self._decided(info, "deny", reason="unknown")
-            raise unknown
+            raise unknown()
         rule = verdict.rule.describe() if verdict.rule else None
         if verdict.refused_arguments:
             assert verdict.rule is not None
