@@ -62,8 +62,8 @@ GATEWAYD_TARGETS = (GATEWAYD_JSON, GATEWAYD_SSE)
 
 # The issue's goals.
 GOAL_RATIO = 0.5
-# RSS is read in KiB; the goal is taken as 50 MiB (the README also quotes decimal MB).
-GOAL_IDLE_RSS_MIB = 50.0
+# The issue says 50 MB: judged in decimal megabytes, the stricter reading (MiB are reported too).
+GOAL_IDLE_RSS_MB = 50.0
 GOAL_LAUNCH_S = 0.5
 MIB = 1024 * 1024
 MB = 1_000_000
@@ -225,8 +225,8 @@ def goals(rows: list[dict[str, Any]], memory: dict[str, Any], launches: dict[str
     return {
         "ratio_at_least_0.5": {"met": bool(ratios) and min(ratios.values()) >= GOAL_RATIO,
                                "ratios": {key: round(value, 3) for key, value in ratios.items()}},
-        "idle_rss_at_most_50MiB": {"met": idle_bytes / MIB <= GOAL_IDLE_RSS_MIB, "MiB": round(idle_bytes / MIB, 1),
-                                   "MB": round(idle_bytes / MB, 1)},
+        "idle_rss_at_most_50MB": {"met": idle_bytes / MB <= GOAL_IDLE_RSS_MB, "MB": round(idle_bytes / MB, 1),
+                                  "MiB": round(idle_bytes / MIB, 1)},
         "launch_to_first_call_at_most_0.5s": {"met": bool(launches.get("gatewayd")) and launch_s <= GOAL_LAUNCH_S,
                                               "seconds": round(launch_s, 3)},
     }
