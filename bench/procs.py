@@ -93,13 +93,14 @@ def write_config(root: Path) -> str:
     return token
 
 
-def daemon_argv(config_dir: Path) -> list[str]:
-    """The daemon as an operator runs it, on a free loopback port."""
+def daemon_argv(config_dir: Path, extra: list[str] | None = None) -> list[str]:
+    """The daemon as an operator runs it, on a free loopback port, plus `extra` settings (bench --daemon-arg)."""
     # One client drives all the load, so the per-client rate and concurrency limits are lifted; the audit
     # log stays on, as it is by default.
     return [str(_python), "-m", "gatewayd", "--config-dir", str(config_dir), "--port", "0",
             "--host", "127.0.0.1",
-            "--client-rate", "1000000", "--client-burst", "1000000", "--client-max-concurrent", "4096"]
+            "--client-rate", "1000000", "--client-burst", "1000000", "--client-max-concurrent", "4096",
+            *(extra or [])]
 
 
 def floor_argv() -> list[str]:
