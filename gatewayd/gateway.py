@@ -200,8 +200,7 @@ class Gateway:
 
     def answer(self, ctx: CallContext, message: Response) -> None:
         """A client's response to a request the gateway sent it (an elicitation); anything else is dropped."""
-        session = ctx.session.id if ctx.session else ""
-        deliver = self._elicitations.pop((ctx.principal.name, session, json.dumps(message.id)), None)
+        deliver = self._elicitations.pop(_request_key(ctx, message.id), None)
         if deliver is None:
             logger.debug("client=%s response to unknown id %.64r dropped", ctx.principal.name, message.id)
             return
@@ -476,7 +475,7 @@ class Gateway:
         """Ask the caller's user on the call's stream; their answer decides like an operator's would."""
         assert ctx.emit is not None and ctx.session is not None
         request_id = f"gatewayd-approval-{approval.id}"
-        key = (ctx.principal.name, ctx.session.id, json.dumps(request_id))
+        key = _request_key(ctx, request_id)
         shown = json.dumps(approval.arguments, ensure_ascii=False)
         if len(shown) > ELICIT_ARGUMENTS_CHARS:
             shown = shown[:ELICIT_ARGUMENTS_CHARS] + f"… ({len(shown) - ELICIT_ARGUMENTS_CHARS} more characters)"
@@ -534,7 +533,7 @@ class Gateway:
             raise ShuttingDown("gatewayd is shutting down; retry shortly")
         task = asyncio.current_task()
         assert task is not None
-        key = _inflight_key(info.ctx, info.request_id)
+        key = _request_key(info.ctx, info.request_id)
         entry = _Inflight(task)
         self._inflight[key] = entry
         self._calls.add(entry)
@@ -570,7 +569,7 @@ class Gateway:
     def _cancel(self, ctx: CallContext, params: Any) -> None:
         if not isinstance(params, dict) or "requestId" not in params:
             return
-        entry = self._inflight.get(_inflight_key(ctx, params["requestId"]))
+        entry = self._inflight.get(_request_key(ctx, params["requestId"]))
         if entry is not None:
             logger.info("client=%s cancelled request %.64r", ctx.principal.name, params["requestId"])
             entry.stop(RequestCancelled("the request was cancelled by the client"))
@@ -623,7 +622,8 @@ def _arguments(params: Any) -> Any:
     return params
 
 
-def _inflight_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:
+def _request_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:
+    """A request by its id as this client sent it in this session (calls in flight, elicitations answered)."""
     session = ctx.session.id if ctx.session else ""
     # repr tells the id 1 from the id "1", as the client meant them, without an encoder per call.
     return (ctx.principal.name, session, repr(request_id))

@@ -201,14 +201,6 @@ class LimitedProtocol(RequestHandler):
         self._header_deadline = None
 
     def _headers_due(self) -> None:
-        self._header_timer = None
-        deadline = self._header_deadline
-        if deadline is None or self.transport is None:
-            return
-        if self._event_loop.time() < deadline:
-            # A later request's clock (the timer was armed for an earlier one).
-            self._header_timer = self._event_loop.call_at(deadline, self._headers_due)
-            return
         # Headers that arrived in this same loop turn reach request_started on the next one (aiohttp
         # wakes its reader task first): decide after it, so a request that made it in time is served.
         self._header_timer = self._event_loop.call_soon(self._headers_too_slow)
@@ -219,7 +211,7 @@ class LimitedProtocol(RequestHandler):
         if self.transport is None or deadline is None:
             return
         if self._event_loop.time() < deadline:
-            # The awaited headers came in that turn, and the next request's clock has started since.
+            # The timer was armed for an earlier request; this one's clock runs on.
             self._header_timer = self._event_loop.call_at(deadline, self._headers_due)
             return
         # A client that sent nothing gets no answer (it may be about to send, and would misread one).

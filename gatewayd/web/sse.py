@@ -40,8 +40,7 @@ class CallStream:
         self._headers = {**HEADERS, **headers}
         self._keepalive = keepalive
         self._events: collections.deque[dict[str, Any]] = collections.deque()
-        # Made when the stream opens: most calls finish first and answer in one body, without it.
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()
         self._response: web.StreamResponse | None = None
         self._pump: asyncio.Task[None] | None = None
         self._timer = asyncio.get_running_loop().call_later(keepalive, self._open)
@@ -58,19 +57,15 @@ class CallStream:
             return
         self._events.append(message)
         self._open()
-        if self._wake is not None:
-            self._wake.set()
+        self._wake.set()
 
     def _open(self) -> None:
         if self._pump is None and not self._finished:
-            self._wake = asyncio.Event()
             self._pump = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
         """Owns the open stream: headers, queued events, keep-alives, until `finish`."""
         response = self._response = web.StreamResponse(headers=self._headers)
-        wake = self._wake
-        assert wake is not None
         try:
             await response.prepare(self._request)
             while True:
@@ -78,10 +73,10 @@ class CallStream:
                     await response.write(event(self._events.popleft()))
                 if self._finished:
                     return
-                wake.clear()
+                self._wake.clear()
                 try:
                     async with asyncio.timeout(self._keepalive):
-                        await wake.wait()
+                        await self._wake.wait()
                 except TimeoutError:
                     await response.write(KEEPALIVE)
         except ConnectionError:
@@ -92,7 +87,7 @@ class CallStream:
         """End the stream with the call's response."""
         self._finished = True
         self._timer.cancel()
-        if self._pump is None or self._wake is None:
+        if self._pump is None:
             return web.Response(body=event(message), headers=self._headers)
         self._wake.set()
         await self._pump

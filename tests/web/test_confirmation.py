@@ -21,7 +21,7 @@ from gatewayd.admin import AdminClient
 from gatewayd.approvals import Approval, State
 from gatewayd.errors import AuditUnavailable
 from gatewayd.web.mcp_http import WebState
-from tests.daemon import FAULTSRV, python_command, write_config
+from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
 
@@ -69,8 +69,7 @@ class Gate:
 
     def headers(self, who: str, session: str | None = None, accept: str = "application/json") -> dict[str, str]:
         extra = {"Mcp-Session-Id": session} if session else {}
-        return {"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json",
-                "Accept": accept, **extra}
+        return headers(self.tokens[who], Accept=accept, **extra)
 
     async def call(self, who: str, arguments: dict[str, Any], http: aiohttp.ClientSession | None = None,
                    id: Any = 1) -> dict[str, Any]:

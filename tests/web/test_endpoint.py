@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gatewayd.web.mcp_http import WebState
-from tests.daemon import FAULTSRV, python_command, write_config
+from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
 
@@ -52,7 +52,7 @@ class Stack:
         self.tokens = tokens
 
     def headers(self, who: str = "full", **extra: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json", **extra}
+        return headers(self.tokens[who], **extra)
 
     async def post(self, body: Any, who: str = "full", **extra: str) -> Any:
         return await self.client.post("/mcp", data=json.dumps(body), headers=self.headers(who, **extra))

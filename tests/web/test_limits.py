@@ -22,7 +22,7 @@ from gatewayd.errors import HttpError
 from gatewayd.policy import Principal
 from gatewayd.web.limits import ClientLimiter, _Quota
 from gatewayd.web.mcp_http import WebState
-from tests.daemon import FAULTSRV, python_command, write_config
+from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
 
@@ -51,7 +51,7 @@ class Stack:
         self.host = f"127.0.0.1:{client.port}"
 
     def headers(self, who: str = "alice", **extra: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json", **extra}
+        return headers(self.tokens[who], **extra)
 
     async def post(self, body: Any, who: str = "alice", **extra: str) -> tuple[int, Any, dict[str, str]]:
         response = await self.client.post("/mcp", data=json.dumps(body), headers=self.headers(who, **extra))
