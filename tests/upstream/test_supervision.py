@@ -14,6 +14,7 @@ import pytest
 
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import CallTimedOut, Overloaded, ToolServerFailed, ToolServerUnavailable
+from gatewayd.upstream.connection import MAX_LINE_BYTES
 from gatewayd.upstream.server import State, ToolServer
 from tests.daemon import FAULTSRV
 from tests.waiting import eventually, process_gone
@@ -140,6 +141,18 @@ async def test_a_10_mib_line_works(tmp_path: Path, servers: list[ToolServer]) ->
     size = 10 * 1024 * 1024
     result = await server.call("huge", {"size": size})
     assert len(result) == size
+
+
+async def test_a_line_over_the_limit_is_dropped_and_the_next_one_works(
+    tmp_path: Path, servers: list[ToolServer], caplog: Any
+) -> None:
+    caplog.set_level(logging.WARNING)
+    methods = {**FAULT_METHODS, "huge": {"timeout": "2s"}}
+    server = track(servers, fault_server(tmp_path, methods=methods))
+    with pytest.raises(CallTimedOut):
+        await server.call("huge", {"size": MAX_LINE_BYTES + 1})
+    assert f"stdout line over {MAX_LINE_BYTES} bytes dropped" in caplog.text
+    assert await server.call("echo", {"still": "alive"}) == {"still": "alive"}
 
 
 async def test_response_with_unknown_id_is_dropped(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
