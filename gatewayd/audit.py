@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gatewayd import jsontext
 from gatewayd.errors import AuditUnavailable
 
 logger = logging.getLogger(__name__)
@@ -100,8 +101,8 @@ _UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _FRAMED = ("seq", "time")
 
 
-# The canonical form params_hash hashes (built once: json.dumps with options builds an encoder per call).
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+# The canonical form params_hash hashes.
+_CANONICAL = jsontext.encoder(sort_keys=True, default=str)
 
 
 # -- helpers for the integrator ------------------------------------------------------------
@@ -112,20 +113,44 @@ def params_hash(params: Any) -> str:
 
     Not a secret: a low-entropy argument can be guessed from it, one reason the file is 0600.
     """
-    canonical = _CANONICAL.encode(params)
+    canonical = _CANONICAL(params)
     # A lone surrogate (legal in a JSON string escape) must hash, not raise.
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def summarize(params: Any) -> Any:
-    """A redacted, bounded copy of `params` for the record; the input is not changed.
+    """A redacted, bounded form of `params` for the record; the input is not changed.
 
     Values under secret-looking keys become REDACTED; long strings and keys are cut with a marker
     saying how much was dropped; containers keep SUMMARY_MAX_ITEMS items and, past
     SUMMARY_MAX_DEPTH, become TOO_DEEP; at most SUMMARY_MAX_NODES values are kept in all.
     Redaction is by key name only, which is why records carry the hash, never the raw arguments.
+    Arguments with nothing to cut or redact (the usual flat object) are their own summary: `params`
+    itself comes back, not a copy, so treat a summary as read-only.
     """
-    return _Summary().value(params, 0)
+    return params if _summary_is_itself(params) else _Summary().value(params, 0)
+
+
+def _summary_is_itself(params: Any) -> bool:
+    """Whether summarize(params) == params, checked in one flat pass: no arguments, or an object of at most
+    SUMMARY_MAX_ITEMS short, not secret-looking names holding short strings, finite numbers, booleans or nulls."""
+    if params is None:
+        return True
+    if type(params) is not dict or len(params) > SUMMARY_MAX_ITEMS:
+        return False
+    for key, value in params.items():
+        if type(key) is not str or len(key) > SUMMARY_MAX_KEY or _short_name_looks_secret(key):
+            return False
+        kind = type(value)
+        if kind is str:
+            if len(value) > SUMMARY_MAX_STRING:
+                return False
+        elif kind is float:
+            if not math.isfinite(value):
+                return False
+        elif kind is not int and kind is not bool and value is not None:
+            return False
+    return True
 
 
 def trace_id(meta: Any) -> str:
@@ -229,16 +254,15 @@ class _Clock:
 _now = _Clock()
 
 
-# Built once: json.dumps with non-default options builds a new encoder per call (half the cost of a record).
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+_ENCODER = jsontext.encoder(allow_nan=False, default=str)
 
 
 def _encode_body(event: dict[str, Any]) -> bytes:
     """The event as the tail of a record line (everything after `"time":"…"`), newline included."""
     fields = {key: value for key, value in event.items() if key not in _FRAMED} if _FRAMED & event.keys() else event
     try:
-        text = _ENCODER.encode(fields)
-    except (TypeError, ValueError) as exc:
+        text = _ENCODER(fields)
+    except (TypeError, ValueError, RecursionError) as exc:
         # A NaN or a cycle is a bug in the caller, but the call must still leave a record.
         text = json.dumps({"unencodable_event": _cut(repr(event), SUMMARY_MAX_STRING * 10), "error": str(exc)},
                           ensure_ascii=False)

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatewayd import __version__, approvals, audit, jsonrpc, policy
+from gatewayd import __version__, approvals, audit, jsonrpc, jsontext, policy
 from gatewayd.config.models import ConfirmOptions, MethodConfig
 from gatewayd.errors import (
     ArgumentsRefused,
@@ -652,14 +652,14 @@ def _event_mapper(ctx: CallContext, meta: Any) -> tuple[Emit | None, bool]:
     return forward, token is not None
 
 
-# A plain JSON-RPC result's text for the model (built once: json.dumps with options builds one per call).
-_RESULT_TEXT = json.JSONEncoder(ensure_ascii=False)
+# A plain JSON-RPC result's text for the model.
+_RESULT_TEXT = jsontext.encoder(separators=(", ", ": "))
 
 
 def _as_tool_result(result: Any) -> dict[str, Any]:
     """A plain JSON-RPC result as an MCP CallToolResult: text for the model, structure for programs."""
     structured = result if isinstance(result, dict) else {"result": result}
-    return {"content": [{"type": "text", "text": _RESULT_TEXT.encode(result)}],
+    return {"content": [{"type": "text", "text": _RESULT_TEXT(result)}],
             "structuredContent": structured, "isError": False}
 
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gatewayd import jsontext
 from gatewayd.errors import GatewayError, InvalidRequest, ParseError, error_response
 
 JsonId = str | int | None
@@ -174,13 +175,13 @@ def _parse_call(value: dict[str, Any], msg_id: JsonId) -> Message:
     return Notification(method, params)
 
 
-# Built once: json.dumps with options builds a new encoder on every call, and this runs twice per call.
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# Made once: this runs twice per call.
+_encode = jsontext.encoder()
 
 
 def dumps(obj: Any) -> bytes:
     """Compact single-line UTF-8 JSON: safe for one SSE `data:` line and one stdio line."""
-    return _encoder.encode(obj).encode("utf-8")
+    return _encode(obj).encode("utf-8")
 
 
 def result_response(request_id: JsonId, result: Any) -> dict[str, Any]:

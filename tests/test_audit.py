@@ -20,6 +20,7 @@ from gatewayd.audit import (
     SUMMARY_MAX_STRING,
     TOO_DEEP,
     AuditLog,
+    _Summary,
     params_hash,
     summarize,
     trace_id,
@@ -398,6 +399,25 @@ def test_summarize_makes_any_value_json() -> None:
     summary = summarize({"nan": float("nan"), "inf": float("-inf"), "obj": object(), "t": (1, 2)})
     assert summary == {"nan": "nan", "inf": "-inf", "obj": "<object>", "t": [1, 2]}
     json.dumps(summary, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        None, {}, {"a": 1, "b": "two", "c": True, "d": None, "e": 1.5, "f": 10**30},
+        {"s": "x" * SUMMARY_MAX_STRING, "k" * 64: 0},
+        # Each of these needs the full walk: something is cut, redacted, made JSON or nested.
+        {"api_key": "k"}, {"a": "x" * (SUMMARY_MAX_STRING + 1)}, {"k" * 65: 1},
+        {str(n): n for n in range(SUMMARY_MAX_ITEMS + 1)}, {"a": float("nan")}, {"a": {"b": 1}}, {"a": [1]},
+        {1: "not a str key"}, {"t": (1, 2)}, [1, "two"], "text", 7,
+    ],
+)
+def test_summarize_skips_the_walk_only_where_it_would_change_nothing(params: Any) -> None:
+    walked = _Summary().value(params, 0)
+    summary = summarize(params)
+    assert summary == walked
+    if summary is params:
+        assert json.loads(json.dumps(params)) == params
 
 
 VALID_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
