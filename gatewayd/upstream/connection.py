@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd import jsonrpc
+from gatewayd.deadlines import Deadlines
 from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,8 @@ class Connection:
         self._closing = False
         self._outbox: list[bytes] = []
         self._stdout: Lines | None = None
+        # The calls' deadlines: one loop timer for the connection, not one per call.
+        self._deadlines = Deadlines()
 
     @property
     def pid(self) -> int:
@@ -261,12 +264,11 @@ class Connection:
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": call_id, "method": method}
         if params is not None:
             message["params"] = params
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._write(message)
         self._pending[call_id] = PendingCall(method, future, on_event)
-        # The deadline fails the future itself: one timer, not a timeout scope around the await (measurably cheaper).
-        deadline = loop.call_later(timeout, _expire, future)
+        # The deadline fails the future itself, rather than a timeout scope around the await (measurably cheaper).
+        deadline = self._deadlines.call_later(timeout, _expire, future)
         try:
             if self._backlogged():
                 await self._drain()

@@ -12,12 +12,13 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from gatewayd import jsonrpc
+from gatewayd.deadlines import Deadlines
 from gatewayd.errors import GatewayError, HttpError, InvalidRequest
 from gatewayd.gateway import CallContext, Gateway
 from gatewayd.jsonrpc import Invalid, Notification, Request, Response
@@ -50,6 +51,8 @@ class WebState:
     origins: frozenset[str] = frozenset()
     # The Prometheus text of the whole daemon, once the daemon has wired it (app.observe).
     metrics: Callable[[], Awaitable[str]] | None = None
+    # The first keep-alive of each SSE answer.
+    deadlines: Deadlines = field(default_factory=Deadlines)
 
 
 STATE = web.AppKey("state", WebState)
@@ -187,7 +190,7 @@ async def _answer_sse(
 ) -> web.StreamResponse:
     """Answer one call as SSE: its progress and log notifications, keep-alives, then the response."""
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
-    stream = sse.CallStream(request, headers, state.settings.sse_keepalive)
+    stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines)
     ctx.emit = stream.emit
     try:
         answer = await _answer(state.gateway, ctx, message)

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from gatewayd import jsonrpc
+from gatewayd.deadlines import Deadlines
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def event(message: dict[str, Any]) -> bytes:
 class CallStream:
     """The SSE answer to one call. Give `emit` to the call as its event sink, then `finish` with its response."""
 
-    def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float) -> None:
+    def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines) -> None:
         self._request = request
         self._headers = {**HEADERS, **headers}
         self._keepalive = keepalive
@@ -43,7 +44,7 @@ class CallStream:
         self._wake = asyncio.Event()
         self._response: web.StreamResponse | None = None
         self._pump: asyncio.Task[None] | None = None
-        self._timer = asyncio.get_running_loop().call_later(keepalive, self._open)
+        self._timer = deadlines.call_later(keepalive, self._open)
         self._finished = False
         self.broken = False
         self.dropped = 0
