@@ -129,6 +129,7 @@ class Connection:
         on_activity: Callable[[], None] | None = None,
         on_exit: Callable[[Connection], None] | None = None,
         tag: str | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.name = name
         # How log lines name this child: the server and the config generation it was started for.
@@ -149,8 +150,8 @@ class Connection:
         self._closing = False
         self._outbox: list[bytes] = []
         self._stdout: Lines | None = None
-        # The calls' deadlines: one loop timer for the connection, not one per call.
-        self._deadlines = Deadlines()
+        # The calls' deadlines: one loop timer for many calls, not one per call.
+        self._deadlines = deadlines or Deadlines()
 
     @property
     def pid(self) -> int:

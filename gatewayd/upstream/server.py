@@ -10,6 +10,8 @@ Does not own routing or policy (gateway.py) or the set of servers (pool.py).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import enum
 import logging
 import time
@@ -20,6 +22,7 @@ from typing import Any
 
 from gatewayd import __version__
 from gatewayd.config.models import ServerConfig
+from gatewayd.deadlines import Deadlines
 from gatewayd.errors import (
     GatewayError,
     Overloaded,
@@ -87,7 +90,9 @@ class ToolServer:
         self._watch_task: asyncio.Task[None] | None = None
         self._tools: list[ToolDef] | None = None
         self._tool_names: frozenset[str] = frozenset()
-        self._slots = asyncio.Semaphore(config.max_in_flight)
+        # Deadlines of the calls waiting for a slot and of those sent to the child: one loop timer for all.
+        self._deadlines = Deadlines()
+        self._slots = Slots(config.max_in_flight, self._deadlines)
         self._waiting = 0
         self._active = 0
         self._last_activity = time.monotonic()
@@ -151,6 +156,7 @@ class ToolServer:
             on_activity=self._touch,
             on_exit=self._after_exit,
             tag=self.tag,
+            deadlines=self._deadlines,
         )
         try:
             await conn.open()
@@ -340,7 +346,7 @@ class ToolServer:
     async def _admit(self, timeout: float) -> None:
         """Take one of `max_in_flight` slots, waiting in a queue of at most `max_queued`; `_release` gives it back.
         (A pair of calls rather than a context manager: this is on every call's path, and contextlib's costs more.)"""
-        if self._slots.locked():
+        if not self._slots.take():
             if self._waiting >= self.config.max_queued:
                 raise Overloaded(
                     f"tool server {self.name!r} is busy: {self.config.max_in_flight} calls in flight, "
@@ -348,23 +354,19 @@ class ToolServer:
                     {"server": self.name, "max_in_flight": self.config.max_in_flight},
                 )
             await self._wait_for_slot(timeout)
-        else:
-            await self._slots.acquire()
         self._busy(1, 0)
         self._touch()
 
     def _release(self) -> None:
         self._busy(-1, 0)
-        self._slots.release()
+        self._slots.give()
         self._touch()
 
     async def _wait_for_slot(self, timeout: float) -> None:
         self._busy(0, 1)
         try:
-            async with asyncio.timeout(timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name}) from None
+            if not await self._slots.wait(timeout):
+                raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name})
         finally:
             self._busy(0, -1)
 
@@ -461,3 +463,64 @@ def _tool_def(item: dict[str, Any]) -> ToolDef:
         schema if isinstance(schema, dict) else {"type": "object"},
         item,
     )
+
+
+class Slots:
+    """`size` slots, handed to waiters in arrival order; a wait is bounded by a coarse deadline.
+
+    asyncio.Semaphore under asyncio.timeout did the same with a timer made and cancelled for every call that
+    queued, and past `max_in_flight` in flight that is most calls. A slot freed while someone waits goes
+    straight to the first waiter, so a newcomer cannot take it first.
+    """
+
+    def __init__(self, size: int, deadlines: Deadlines) -> None:
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._deadlines = deadlines
+
+    @property
+    def queued(self) -> int:
+        """Waiters in line."""
+        return len(self._waiters)
+
+    def take(self) -> bool:
+        """Take a slot if one is free and nobody waits for one."""
+        if self._free and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait in line for a slot: True once it is ours, False after `timeout` seconds without one."""
+        handed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(handed)
+        deadline = self._deadlines.call_later(timeout, _give_up, handed)
+        try:
+            return await handed
+        except asyncio.CancelledError:
+            if _holds_slot(handed):
+                self.give()  # handed a slot just as the wait was cancelled: pass it on
+            raise
+        finally:
+            deadline.cancel()
+            if not _holds_slot(handed):
+                with contextlib.suppress(ValueError):  # a waiter that gave up leaves the line (rare: O(n) is fine)
+                    self._waiters.remove(handed)
+
+    def give(self) -> None:
+        """Give a slot back: to the first waiter, or to the free ones."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self._free += 1
+
+
+def _holds_slot(handed: asyncio.Future[bool]) -> bool:
+    return handed.done() and not handed.cancelled() and handed.result()
+
+
+def _give_up(handed: asyncio.Future[bool]) -> None:
+    if not handed.done():
+        handed.set_result(False)
