@@ -1,7 +1,8 @@
 """Who may call what, with which arguments: the one pure decision over (principal, target, params).
 
 Owns pattern syntax and matching, Principal and its grants, argument rules, and `decide`.
-Pure: no I/O except resolving paths for `path_under`, no state. Every route to a tool server
+Pure: no I/O except resolving paths for `path_under`, no state but memos (a Principal remembers
+its decisions that do not depend on arguments; a reload makes new Principals). Every route to a tool server
 (direct call, `tools/call`, each batch element) reaches `decide` with the canonical
 `server.method` name after routing and before anything is sent.
 
@@ -18,6 +19,7 @@ which no policy can waive. Anything else is denied.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,6 +32,8 @@ from gatewayd.config.models import METHOD_NAME, ArgRule, ClientLimits, ConfirmOp
 CANONICAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_./-]+")
 # A policy file's place in a decision when no file is known (tests, built-in principals).
 UNKNOWN_FILE = "<policy>"
+# Decisions a Principal remembers (method names come from clients, so the memo is emptied when full).
+DECISION_MEMO = 1024
 
 
 class Decision(enum.Enum):
@@ -65,6 +69,8 @@ class Principal:
     name: str
     grants: tuple[Grant, ...] = ()
     limits: ClientLimits = field(default_factory=ClientLimits)
+    # (target, confirm_required) → the verdict, for targets no argument rule of the principal applies to.
+    _decisions: dict[tuple[str, bool], Verdict] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -84,6 +90,11 @@ class Rule:
 
     def describe(self) -> str:
         """One line for logs, errors and `gatewayctl explain`."""
+        return self.description
+
+    @functools.cached_property
+    def description(self) -> str:
+        """describe(), made once: a remembered decision's rule is described on every call it decides."""
         where = f"role {self.role!r} ({self.file}) pattern {self.pattern!r}"
         if self.argument is not None:
             where += f", argument {self.argument!r}: {self.check}"
@@ -152,6 +163,18 @@ def may_see_server(principal: Principal, server: str) -> bool:
 
 def decide(principal: Principal, target: str, params: Any = None, *, confirm_required: bool = False) -> Verdict:
     """The decision for `principal` calling canonical `target` with `params`. Deny unless a role grants it."""
+    key = (target, confirm_required)
+    verdict = principal._decisions.get(key)
+    if verdict is None:
+        verdict = _decide(principal, target, params, confirm_required)
+        if not any(matches(pattern, target) for grant in principal.grants for pattern, _ in grant.args):
+            if len(principal._decisions) >= DECISION_MEMO:
+                principal._decisions.clear()
+            principal._decisions[key] = verdict
+    return verdict
+
+
+def _decide(principal: Principal, target: str, params: Any, confirm_required: bool) -> Verdict:
     if not is_canonical(target):
         return Verdict(Decision.DENY, reason="not a canonical method name")
     allowed: Rule | None = None

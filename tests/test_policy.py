@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gatewayd.config.models import ArgRule, Role
-from gatewayd.policy import Decision, Grant, Principal, decide, matches, may_call, path_is_under
+from gatewayd.policy import DECISION_MEMO, Decision, Grant, Principal, decide, matches, may_call, path_is_under
 
 
 def principal(*roles: tuple[str, Role]) -> Principal:
@@ -88,6 +88,27 @@ def test_tools_d_confirmation_cannot_be_waived_by_a_policy() -> None:
 def test_confirm_in_any_granting_role_wins() -> None:
     both = principal(("a", Role(allow=["shell.run"])), ("b", Role(confirm=["shell.*"])))
     assert decide(both, "shell.run").decision is Decision.CONFIRM
+
+
+def test_a_decision_by_name_alone_is_remembered_and_the_memo_stays_bounded() -> None:
+    dev = principal(("developer", Role(allow=["calc.*"], confirm=["shell.run"])))
+    first = decide(dev, "calc.add")
+    assert decide(dev, "calc.add", {"a": 1}) is first
+    assert decide(dev, "shell.run").decision is Decision.CONFIRM
+    assert decide(dev, "calc.add", confirm_required=True).decision is Decision.CONFIRM
+    assert decide(dev, "calc.add").decision is Decision.ALLOW
+    for n in range(DECISION_MEMO + 10):
+        assert decide(dev, f"calc.unknown{n}").decision is Decision.ALLOW
+        assert decide(dev, f"nope.m{n}").decision is Decision.DENY
+    assert len(dev._decisions) <= DECISION_MEMO
+
+
+def test_decisions_that_depend_on_arguments_are_never_remembered() -> None:
+    bounded = principal(("files", Role(allow=["fs.*", "calc.*"], args={"fs.*": {"path": ArgRule(prefix="/srv/")}})))
+    for _ in range(3):
+        assert decide(bounded, "fs.read", {"path": "/srv/a"}).decision is Decision.ALLOW
+        assert decide(bounded, "fs.read", {"path": "/etc/passwd"}).refused_arguments
+    assert decide(bounded, "calc.add") is decide(bounded, "calc.add")
 
 
 # -- argument rules ----------------------------------------------------------------------------
