@@ -398,25 +398,30 @@ class AuditLog:
     async def record(self, event: dict[str, Any], *, durable: bool) -> None:
         """Append one record. Durable: returns once it is on disk, else raises AuditUnavailable.
         Ordinary: queued; never raises, never waits; a record that cannot be written is counted and logged."""
-        if self.path is None:
-            return
-        item = _Record(_now(), event, None)
-        running = self._loop is not None and not self._closing
         if not durable:
-            if not running:
-                self._lose(1, "audit log is not running")
-            elif self._submitted - self._taken >= MAX_QUEUED:
-                self._lose(1, f"more than {MAX_QUEUED} records waiting for the disk")
-            else:
-                self._submit(item)
+            self.queue(event)
+            return
+        if self.path is None:
             return
         if self._loop is None or self._closing:
             raise self._unavailable("audit log is not running")
-        item.done = self._loop.create_future()
-        self._submit(item)
-        reason = await self._wait(item.done)
+        done: Done = self._loop.create_future()
+        self._submit(_Record(_now(), event, done))
+        reason = await self._wait(done)
         if reason is not None:
             raise self._unavailable(reason)
+
+    def queue(self, event: dict[str, Any]) -> None:
+        """Append an ordinary record: queued; never raises, never waits. One that cannot be written is counted and
+        logged. (`record(event, durable=False)` as a plain function, for the call path.)"""
+        if self.path is None:
+            return
+        if self._loop is None or self._closing:
+            self._lose(1, "audit log is not running")
+        elif self._submitted - self._taken >= MAX_QUEUED:
+            self._lose(1, f"more than {MAX_QUEUED} records waiting for the disk")
+        else:
+            self._submit(_Record(_now(), event, None))
 
     async def flush(self) -> None:
         """Return once every record queued before this call is on disk or counted as failed (bounded by the

@@ -194,7 +194,7 @@ class Gateway:
                             message.method)
                 return
             await target.server.notify(target.method, message.params)
-            await self._outcome(info, "sent")
+            self._outcome(info, "sent")
         except GatewayError as exc:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
 
@@ -243,7 +243,7 @@ class Gateway:
         """The target of a direct `server.method` call; unknown and denied raise the same MethodNotFound."""
         server_name, dot, rest = info.method.partition(".")
         if not dot:
-            await self._decided(info, "deny", reason="unknown")
+            self._decided(info, "deny", reason="unknown")
             raise MethodNotFound(info.method)
         return await self._resolve(info, server_name, rest, _arguments(params), functools.partial(MethodNotFound,
                                                                                                    info.method))
@@ -254,7 +254,7 @@ class Gateway:
             raise InvalidParams("tools/call needs params.name, a string")
         server_name, sep, rest = name.partition(self.separator)
         if not sep or not TOOL_NAME.fullmatch(name):
-            await self._decided(info, "deny", reason="unknown")
+            self._decided(info, "deny", reason="unknown")
             raise UnknownTool(name)
         return await self._resolve(info, server_name, rest, arguments, functools.partial(UnknownTool, name))
 
@@ -270,56 +270,63 @@ class Gateway:
         info.arguments = arguments
         server = self.pool.get(server_name)
         if server is None:
-            await self._decided(info, "deny", reason="unknown")
+            self._decided(info, "deny", reason="unknown")
             raise unknown()
         target = Target(server, method)
         info.method = target.canonical
         verdict = policy.decide(info.ctx.principal, target.canonical, arguments,
                                 confirm_required=server.config.needs_confirmation(method))
         if verdict.decision is Decision.DENY and not verdict.refused_arguments:
-            await self._decided(info, "deny", reason=verdict.reason)
+            self._decided(info, "deny", reason=verdict.reason)
             raise unknown()
         # Only a client that may call the method learns whether it exists (and may make the server start).
         if not await server.has_tool(method):
-            await self._decided(info, "deny", reason="unknown")
+            self._decided(info, "deny", reason="unknown")
             raise unknown()
         rule = verdict.rule.describe() if verdict.rule else None
         if verdict.refused_arguments:
             assert verdict.rule is not None
-            await self._decided(info, "deny", rule=rule, reason="arguments")
+            self._decided(info, "deny", rule=rule, reason="arguments")
             raise ArgumentsRefused(f"{target.canonical}: argument {verdict.rule.argument!r} breaks the policy rule "
                                    f"{verdict.rule.check}", {"rule": rule})
         if verdict.decision is Decision.CONFIRM and info.request_id is None and info.route == NOTIFICATION:
             # Nobody waits for a notification, so nobody could be told a person's answer: it never runs.
-            await self._decided(info, "deny", rule=rule, reason="needs confirmation, and a notification cannot wait")
+            self._decided(info, "deny", rule=rule, reason="needs confirmation, and a notification cannot wait")
             raise ConfirmationDenied(f"{target.canonical} needs a person's confirmation: send it as a request",
                                      {"method": target.canonical})
         if verdict.decision is Decision.CONFIRM:
-            await self._decided(info, "confirm", rule=rule, reason=verdict.reason, durable=True)
+            await self._decided_durably(info, "confirm", rule=rule, reason=verdict.reason)
             info.confirm = policy.confirm_options(info.ctx.principal, verdict, target.canonical)
             return target
-        await self._decided(info, "allow", rule=rule, durable=server.config.is_dangerous(method))
+        if server.config.is_dangerous(method):
+            await self._decided_durably(info, "allow", rule=rule)
+        else:
+            self._decided(info, "allow", rule=rule)
         return target
 
-    async def _decided(self, info: _CallInfo, decision: str, *, durable: bool = False, **fields: Any) -> None:
-        """Record a decision; durable ones are on disk before this returns, or AuditUnavailable is raised."""
+    def _decided(self, info: _CallInfo, decision: str, **fields: Any) -> None:
+        """Record a decision; the record is queued, not waited for. (Plain functions, not coroutines, record what
+        need not be on disk first: they are on every call's path.)"""
         if decision == "deny":
             self.metrics.observe_denied()
-        if not self.audit.enabled:
-            return
-        event = info.record("decision", decision=decision, params_sha256=info.params_sha256(),
-                            params=audit.summarize(info.arguments), **fields)
-        await self.audit.record(event, durable=durable)
+        if self.audit.enabled:
+            self.audit.queue(self._decision(info, decision, fields))
 
-    async def _outcome(self, info: _CallInfo, status: str, **fields: Any) -> None:
+    async def _decided_durably(self, info: _CallInfo, decision: str, **fields: Any) -> None:
+        """Record a decision that must be on disk before the call runs, or raise AuditUnavailable."""
+        if self.audit.enabled:
+            await self.audit.record(self._decision(info, decision, fields), durable=True)
+
+    def _decision(self, info: _CallInfo, decision: str, fields: dict[str, Any]) -> dict[str, Any]:
+        return info.record("decision", decision=decision, params_sha256=info.params_sha256(),
+                           params=audit.summarize(info.arguments), **fields)
+
+    def _outcome(self, info: _CallInfo, status: str, **fields: Any) -> None:
         seconds = time.monotonic() - info.started
         server, _, method = info.method.partition(".")
         self.metrics.observe_call(server, method, status, seconds)
-        if not self.audit.enabled:
-            return
-        duration_ms = round(seconds * 1000, 3)
-        await self.audit.record(info.record("outcome", status=status, duration_ms=duration_ms, **fields),
-                                durable=False)
+        if self.audit.enabled:
+            self.audit.queue(info.record("outcome", status=status, duration_ms=round(seconds * 1000, 3), **fields))
 
     def tool_name(self, server: str, method: str) -> str | None:
         """The MCP tool name for `server.method`, or None when it cannot be a valid one."""
@@ -519,13 +526,13 @@ class Gateway:
         try:
             result = await self._stoppable(info, call)
         except GatewayError as exc:
-            await self._outcome(info, exc.error_type, error_code=exc.code)
+            self._outcome(info, exc.error_type, error_code=exc.code)
             raise
         except asyncio.CancelledError:
-            await asyncio.shield(self._outcome(info, "cancelled"))
+            self._outcome(info, "cancelled")
             raise
         is_error = isinstance(result, dict) and result.get("isError") is True
-        await self._outcome(info, "tool_error" if is_error else "ok")
+        self._outcome(info, "tool_error" if is_error else "ok")
         return result
 
     async def _stoppable(self, info: _CallInfo, call: Callable[[], Awaitable[Any]]) -> Any:

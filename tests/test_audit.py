@@ -150,6 +150,24 @@ async def test_disabled_log_accepts_everything_and_writes_nothing(tmp_path: Path
     assert os.listdir(tmp_path) == []
 
 
+async def test_queued_records_keep_their_order_among_durable_ones(audit: AuditLog) -> None:
+    assert audit.path is not None
+    audit.queue({"n": 1})
+    await audit.record({"n": 2}, durable=True)
+    audit.queue({"n": 3})
+    await audit.flush()
+    assert [(r["seq"], r["n"]) for r in read_records(audit.path)] == [(1, 1), (2, 2), (3, 3)]
+
+
+async def test_queueing_before_start_or_after_close_counts_the_record_as_failed(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.queue({"event": "early"})
+    await log.start()
+    await log.close()
+    log.queue({"event": "late"})
+    assert log.status()["records_failed"] == 2
+
+
 async def test_after_close_durable_records_are_refused(tmp_path: Path) -> None:
     log = AuditLog(tmp_path / "audit.jsonl")
     await log.start()
