@@ -212,8 +212,10 @@ class Approvals:
         """An answer from a person. Only the first answer to a pending approval counts. An operator approving may
         also let the same client make the very same call again for `allow_again_for` seconds without asking
         (checked by parse_answer; a caller's own user may never grant it)."""
-        if allow_again_for is not None and (channel == CLIENT or _allow_again(allow_again_for, approve) is None):
-            raise ValueError("allow-again is for operators approving")
+        if allow_again_for is not None:
+            if channel == CLIENT:
+                raise ValueError("allow-again is for operators approving")
+            _allow_again(allow_again_for, approve)  # raises ValueError when out of bounds or not approving
         approval = self.get(approval_id)
         if approval is None:
             return Answer(False, f"no approval {approval_id!r} (unknown, or finished long ago)")

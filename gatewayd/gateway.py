@@ -289,7 +289,7 @@ class Gateway:
             self._decided(info, "deny", rule=rule, reason="arguments")
             raise ArgumentsRefused(f"{target.canonical}: argument {verdict.rule.argument!r} breaks the policy rule "
                                    f"{verdict.rule.check}", {"rule": rule})
-        if verdict.decision is Decision.CONFIRM and info.request_id is None and info.route == NOTIFICATION:
+        if verdict.decision is Decision.CONFIRM and info.route == NOTIFICATION:
             # Nobody waits for a notification, so nobody could be told a person's answer: it never runs.
             self._decided(info, "deny", rule=rule, reason="needs confirmation, and a notification cannot wait")
             raise ConfirmationDenied(f"{target.canonical} needs a person's confirmation: send it as a request",

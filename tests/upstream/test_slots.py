@@ -21,6 +21,26 @@ async def waiting(slots: Slots, count: int) -> None:
     raise AssertionError(f"{count} waiters did not queue")
 
 
+def full() -> Slots:
+    """One slot, already taken."""
+    slots = Slots(1, Deadlines())
+    assert slots.take()
+    return slots
+
+
+async def cancel(task: asyncio.Task[bool]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def assert_free_again(slots: Slots) -> None:
+    """Nobody is left in line: the slot given back is free for the next taker."""
+    assert slots.queued == 0
+    slots.give()
+    assert slots.take() is True
+
+
 async def test_free_slots_are_taken_then_refused() -> None:
     slots = Slots(2, Deadlines())
     assert [slots.take(), slots.take(), slots.take()] == [True, True, False]
@@ -29,8 +49,7 @@ async def test_free_slots_are_taken_then_refused() -> None:
 
 
 async def test_freed_slots_go_to_waiters_in_arrival_order_not_to_newcomers() -> None:
-    slots = Slots(1, Deadlines())
-    assert slots.take()
+    slots = full()
     order: list[int] = []
 
     async def waiter(n: int) -> None:
@@ -44,41 +63,29 @@ async def test_freed_slots_go_to_waiters_in_arrival_order_not_to_newcomers() -> 
         assert slots.take() is False  # the freed slot went to the first in line
     await asyncio.wait_for(asyncio.gather(*tasks), BOUND)
     assert order == [0, 1, 2]
-    slots.give()
-    assert slots.take() is True
+    assert_free_again(slots)
 
 
 async def test_a_wait_ends_after_its_timeout_and_leaves_the_line() -> None:
-    slots = Slots(1, Deadlines())
-    assert slots.take()
+    slots = full()
     assert await asyncio.wait_for(slots.wait(0.05), BOUND) is False
-    assert slots.queued == 0
-    slots.give()
-    assert slots.take() is True
+    assert_free_again(slots)
 
 
 async def test_a_cancelled_waiter_leaves_the_line() -> None:
-    slots = Slots(1, Deadlines())
-    assert slots.take()
+    slots = full()
     task = asyncio.create_task(slots.wait(BOUND))
     await waiting(slots, 1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert slots.queued == 0
-    slots.give()
-    assert slots.take() is True
+    await cancel(task)
+    assert_free_again(slots)
 
 
 async def test_a_slot_handed_to_a_waiter_cancelled_before_it_runs_is_passed_on() -> None:
-    slots = Slots(1, Deadlines())
-    assert slots.take()
+    slots = full()
     first = asyncio.create_task(slots.wait(BOUND))
     second = asyncio.create_task(slots.wait(BOUND))
     await waiting(slots, 2)
     slots.give()  # to `first`, which is cancelled before it can resume
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
+    await cancel(first)
     assert await asyncio.wait_for(second, BOUND) is True
     assert slots.take() is False
