@@ -15,6 +15,7 @@ import collections
 import compileall
 import contextlib
 import os
+import platform
 import re
 import shutil
 import signal
@@ -24,6 +25,7 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gatewayd
 from bench.wire import SERVER_NAME
@@ -60,6 +62,23 @@ def install_copy(root: Path) -> Path:
     (site / "bench-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     _python = venv / "bin" / "python"
     return _python
+
+
+def interpreter() -> dict[str, Any]:
+    """This Python (the driver's and, through install_copy, every server's): version, and how it was built.
+    The build matters: pyenv's default (no profile-guided optimisation, libpython as a shared library) ran the
+    daemon's Python ~20–35% slower per call here than Debian's python3.11."""
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        shared = any("libpython" in line for line in maps)
+    return {
+        "executable": sys.executable,
+        "base_executable": getattr(sys, "_base_executable", sys.executable),
+        "version": platform.python_version(),
+        "libpython_shared": shared,
+        "config_args": sysconfig.get_config_var("CONFIG_ARGS") or "",
+    }
+
+
 KIB = 1024
 
 ECHO_TOML = """\

@@ -36,6 +36,7 @@ from bench.procs import (
     daemon_argv,
     floor_argv,
     install_copy,
+    interpreter,
     rss_kib,
     status_kib,
     tree,
@@ -256,8 +257,10 @@ def report(record: dict[str, Any]) -> str:
     """The human summary printed at the end."""
     memory = record["memory"]
     mib = {key: value * KIB / MIB for key, value in memory.items() if key.endswith("_kib")}
-    out = [f"machine: {record['machine']['nproc']} CPUs, Python {record['machine']['python']}, "
-           f"aiohttp {record['machine']['aiohttp']}; {record['args']['rounds']} rounds × "
+    python = record["machine"]["python"]
+    build = "libpython shared" if python["libpython_shared"] else "libpython linked in"
+    out = [f"machine: {record['machine']['nproc']} CPUs, Python {python['version']} ({python['base_executable']}, "
+           f"{build}), aiohttp {record['machine']['aiohttp']}; {record['args']['rounds']} rounds × "
            f"{record['args']['duration']}s (+{record['args']['warmup']}s warm-up); medians across rounds, "
            "ratios = median of per-round ratios", "", table(record["summary"]), ""]
     out.append(f"RSS gatewayd idle (before any call): {mib['daemon_idle_kib']:.1f} MiB "
@@ -293,7 +296,7 @@ def machine() -> dict[str, Any]:
     return {
         "nproc": len(os.sched_getaffinity(0)),
         "cpu": model,
-        "python": platform.python_version(),
+        "python": interpreter(),
         "aiohttp": aiohttp.__version__,
         "platform": platform.platform(),
         "loadavg_start": os.getloadavg(),
@@ -347,7 +350,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     record: dict[str, Any] = {"machine": machine(), "args": {
         key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}}
     with tempfile.TemporaryDirectory(prefix="gatewayd-bench-") as tmp:
-        record["machine"]["python"] = str(install_copy(Path(tmp)))
+        install_copy(Path(tmp))
         config_dir = Path(tmp) / "config"
         token = write_config(config_dir)
         launches = await measure_launches(config_dir, token, args.launches, args.daemon_arg)
