@@ -446,7 +446,9 @@ class ClientLimiter:
 
     def _take(self, name: str, messages: int, quota: _Quota) -> None:
         now = self._clock()
-        bucket = self._buckets.setdefault(name, _Bucket(float(quota.burst), now))
+        bucket = self._buckets.get(name)
+        if bucket is None:  # not setdefault: that would build a bucket on every call only to drop it
+            bucket = self._buckets[name] = _Bucket(float(quota.burst), now)
         bucket.tokens = min(float(quota.burst), bucket.tokens + (now - bucket.updated) * quota.rate)
         bucket.updated = now
         needed = min(messages, quota.burst)
