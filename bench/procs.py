@@ -48,20 +48,25 @@ INSTALL_DEADLINE = 120.0
 _python = Path(sys.executable)
 
 
-def install_copy(root: Path) -> Path:
+def install_copy(root: Path, source: Path | None = None) -> Path:
     """A venv under `root` with the gatewayd package installed as a wheel installs it (copied into site-packages,
     byte-compiled) and this venv's site-packages as a plain path for the dependencies; every server, the floor
     included, then runs on it. The checkout's editable install would add its import hook to every process
-    start (~25 ms each, for the daemon and again for each child), which no production install has."""
+    start (~25 ms each, for the daemon and again for each child), which no production install has.
+    `source`: another copy of the package to install (bench.ab); the servers' default Python stays the first
+    copy's. Returns the venv's python."""
     global _python
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=INSTALL_DEADLINE)
     site = next((venv / "lib").glob("python*/site-packages"))
-    shutil.copytree(Path(gatewayd.__file__).parent, site / "gatewayd", ignore=shutil.ignore_patterns("__pycache__"))
+    package = source if source is not None else Path(gatewayd.__file__).parent
+    shutil.copytree(package, site / "gatewayd", ignore=shutil.ignore_patterns("__pycache__"))
     compileall.compile_dir(str(site / "gatewayd"), quiet=1)
     (site / "bench-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    _python = venv / "bin" / "python"
-    return _python
+    python = venv / "bin" / "python"
+    if source is None:
+        _python = python
+    return python
 
 
 def interpreter() -> dict[str, Any]:
@@ -93,10 +98,10 @@ input_schema = { type = "object" }
 ROLES_TOML = f'[roles.{ROLE}]\nallow = ["{SERVER_NAME}.*"]\n'
 
 
-def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with this interpreter's bin first on PATH and no GATEWAYD_* overrides."""
+def bench_env(extra: dict[str, str] | None = None, python: Path | None = None) -> dict[str, str]:
+    """This environment with the servers' interpreter's bin first on PATH and no GATEWAYD_* overrides."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("GATEWAYD_")}
-    env["PATH"] = f"{_python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{(python or _python).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra or {})
     return env
 
@@ -112,11 +117,11 @@ def write_config(root: Path) -> str:
     return token
 
 
-def daemon_argv(config_dir: Path, extra: list[str] | None = None) -> list[str]:
+def daemon_argv(config_dir: Path, extra: list[str] | None = None, python: Path | None = None) -> list[str]:
     """The daemon as an operator runs it, on a free loopback port, plus `extra` settings (bench --daemon-arg)."""
     # One client drives all the load, so the per-client rate and concurrency limits are lifted; the audit
     # log stays on, as it is by default.
-    return [str(_python), "-m", "gatewayd", "--config-dir", str(config_dir), "--port", "0",
+    return [str(python or _python), "-m", "gatewayd", "--config-dir", str(config_dir), "--port", "0",
             "--host", "127.0.0.1",
             "--client-rate", "1000000", "--client-burst", "1000000", "--client-max-concurrent", "4096",
             *(extra or [])]
