@@ -71,8 +71,8 @@ def install_copy(root: Path, source: Path | None = None) -> Path:
 
 def interpreter() -> dict[str, Any]:
     """This Python (the driver's and, through install_copy, every server's): version, and how it was built.
-    The build matters: pyenv's default (no profile-guided optimisation, libpython as a shared library) ran the
-    daemon's Python ~20–35% slower per call here than Debian's python3.11."""
+    The build matters: on pyenv's default build (libpython as a shared library, no profile-guided optimisation)
+    the daemon and its child spent 10–25% more CPU per call here than on Debian's python3.11."""
     with open("/proc/self/maps", encoding="utf-8") as maps:
         shared = any("libpython" in line for line in maps)
     return {
