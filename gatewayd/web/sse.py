@@ -40,9 +40,8 @@ class CallStream:
         self._request = request
         self._headers = {**HEADERS, **headers}
         self._keepalive = keepalive
-        # Made when the first notification comes: most calls finish without one.
-        self._events: collections.deque[dict[str, Any]] | None = None
-        self._wake: asyncio.Event | None = None
+        self._events: collections.deque[dict[str, Any]] = collections.deque()
+        self._wake = asyncio.Event()
         self._response: web.StreamResponse | None = None
         self._pump: asyncio.Task[None] | None = None
         self._timer = deadlines.call_later(keepalive, self._open)
@@ -54,30 +53,22 @@ class CallStream:
         """Queue a notification of the call; it opens the stream if it is not open yet."""
         if self.broken:
             return
-        if self._events is None:
-            self._events = collections.deque()
-        elif len(self._events) >= QUEUE_LIMIT:
+        if len(self._events) >= QUEUE_LIMIT:
             self.dropped += 1
             return
         self._events.append(message)
         self._open()
-        self._wake_pump()
+        self._wake.set()
 
     def _open(self) -> None:
         if self._pump is None and not self._finished:
-            self._wake = asyncio.Event()
             self._pump = asyncio.ensure_future(self._run())
-
-    def _wake_pump(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
 
     async def _run(self) -> None:
         """Owns the open stream: headers, queued events, keep-alives, until `finish`."""
         response = self._response = web.StreamResponse(headers=self._headers)
         try:
             await response.prepare(self._request)
-            assert self._wake is not None
             while True:
                 while self._events:
                     await response.write(event(self._events.popleft()))
@@ -99,7 +90,7 @@ class CallStream:
         self._timer.cancel()
         if self._pump is None:
             return web.Response(body=event(message), headers=self._headers)
-        self._wake_pump()
+        self._wake.set()
         await self._pump
         assert self._response is not None
         if not self.broken:
