@@ -4,7 +4,8 @@ Owns the paired comparison used to judge one change: two installed copies (the p
 `--base`, default HEAD, and the checkout's), each a daemon with its own child and config, both
 started once; then pairs of equal measurements, the order flipped every pair, so a slow phase
 of the machine hits both sides alike. A full `make bench` run moves ±0.05–0.1 in ratio between
-runs on this 2-core machine; a change worth 5% only shows in pairs. Reported per pair and as
+runs on this 2-core machine; pairs still scatter by ~9% each, so 10 pairs resolve ~6% (more pairs
+for less: bench/README.md). Reported per pair and as
 medians: calls/s, and the serving processes' CPU (daemon + child) per call, the figure that
 sets the ratio when the cores are saturated (bench/README.md, "Which Python, and the CPU budget").
 
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import aiohttp
 
 from bench.driver import JsonTarget, LoadResult, SseTarget, Target, client_session, run_load
 from bench.procs import INSTALL_DEADLINE, ServerProcess, bench_env, daemon_argv, install_copy, write_config
-from bench.run import GATEWAYD_JSON, GATEWAYD_SSE, RESULTS_DIR
+from bench.run import GATEWAYD_JSON, GATEWAYD_SSE, RESULTS_DIR, save
 
 SIDES = ("base", "work")
 DEFAULT_PAIRS = 6
@@ -149,11 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{target}: work ÷ {args.base}: calls/s ×{summary['calls_per_s_ratio_median']}, server CPU per call "
               f"×{summary['server_cpu_ratio_median']}; work faster in {summary['pairs_work_faster']} of "
               f"{summary['pairs']} pairs, cheaper in {summary['pairs_work_cheaper']}; errors {summary['errors']}")
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = args.results_dir / f"ab-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"raw results: {path}")
+    print(f"raw results: {save(record, args.results_dir, 'ab-')}")
     return 0
 
 

@@ -366,15 +366,20 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def save(record: dict[str, Any], results_dir: Path, prefix: str = "") -> Path:
+    """Write a run's record to `results_dir`/`prefix`<UTC timestamp>.json; its path."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = results_dir / f"{prefix}{stamp}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     record = asyncio.run(bench(args))
     print(report(record))
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = args.results_dir / f"{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"\nraw results: {path} (wall {record['wall_s']}s)")
+    print(f"\nraw results: {save(record, args.results_dir)} (wall {record['wall_s']}s)")
     return 0
 
 
