@@ -1,6 +1,6 @@
 """Processes under test: spawn a server, wait for its "listening on" line, stop it; read /proc.
 
-Owns every server subprocess the benchmark starts (the floor, gatewayd, the child), the Python they
+Owns every server subprocess the benchmark starts (the floors, gatewayd, the child), the Python they
 run on (`install_copy`: gatewayd installed in a venv as pip installs it for production, not the
 checkout's editable install), the environment they run in (that venv's bin first on PATH, so
 `python3` in tools.d is the same interpreter), the config directory gatewayd is given, and the /proc
@@ -127,9 +127,9 @@ def daemon_argv(config_dir: Path, extra: list[str] | None = None, python: Path |
             *(extra or [])]
 
 
-def floor_argv() -> list[str]:
-    """The HTTP floor on a free loopback port."""
-    return [str(_python), "-m", "bench.floor", "--host", "127.0.0.1", "--port", "0"]
+def floor_argv(module: str = "bench.floor") -> list[str]:
+    """A floor (`bench.floor`, the HTTP floor, or `bench.relay`, the relay floor) on a free loopback port."""
+    return [str(_python), "-m", module, "--host", "127.0.0.1", "--port", "0"]
 
 
 class ServerProcess:

@@ -55,10 +55,11 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHILD_ARGV = ["python3", "-m", "gatewayd.examples.calc"]
 
 FLOOR = "floor-http"
+RELAY = "floor-relay"
 GATEWAYD_JSON = "gatewayd-json"
 GATEWAYD_SSE = "gatewayd-sse"
 CHILD = "child-direct"
-TARGETS = (FLOOR, GATEWAYD_JSON, GATEWAYD_SSE, CHILD)
+TARGETS = (FLOOR, RELAY, GATEWAYD_JSON, GATEWAYD_SSE, CHILD)
 GATEWAYD_TARGETS = (GATEWAYD_JSON, GATEWAYD_SSE)
 
 # The issue's goals.
@@ -139,6 +140,7 @@ async def measure_load(config_dir: Path, token: str, args: argparse.Namespace) -
     """Start the floor, gatewayd and the child once; memory before any call; the rounds; memory at peak and after."""
     env = bench_env()
     floor = ServerProcess("floor", floor_argv(), env=bench_env({TOKEN_ENV: token}))
+    relay = ServerProcess("relay", floor_argv("bench.relay"), env=bench_env({TOKEN_ENV: token}))
     daemon = ServerProcess("gatewayd", daemon_argv(config_dir, args.daemon_arg), env=env, cwd=config_dir)
     child = StdioTarget(CHILD, CHILD_ARGV, env)
     max_in_flight = max(args.concurrency)
@@ -146,6 +148,7 @@ async def measure_load(config_dir: Path, token: str, args: argparse.Namespace) -
     sampler: MemorySampler | None = None
     try:
         floor_url = await floor.start()
+        relay_url = await relay.start()
         daemon_url = await daemon.start()
         memory: dict[str, Any] = {
             "daemon_idle_kib": status_kib(daemon.pid, "VmRSS"),
@@ -156,11 +159,12 @@ async def measure_load(config_dir: Path, token: str, args: argparse.Namespace) -
         await child.start()
         sampler = MemorySampler(daemon.pid, MEM_SAMPLE_INTERVAL)
         sampler.start()
-        sessions = [client_session(max_in_flight) for _ in range(3)]
+        sessions = [client_session(max_in_flight) for _ in range(4)]
         sse = SseTarget(GATEWAYD_SSE, sessions[2], daemon_url, token, daemon.pid)
         await sse.open_session()
         by_name: dict[str, Target] = {
             FLOOR: JsonTarget(FLOOR, sessions[0], floor_url, token, floor.pid),
+            RELAY: JsonTarget(RELAY, sessions[3], relay_url, token, relay.pid),
             GATEWAYD_JSON: JsonTarget(GATEWAYD_JSON, sessions[1], daemon_url, token, daemon.pid),
             GATEWAYD_SSE: sse,
             CHILD: child,
@@ -188,6 +192,7 @@ async def measure_load(config_dir: Path, token: str, args: argparse.Namespace) -
             await session.close()
         await child.stop()
         await daemon.stop()
+        await relay.stop()
         await floor.stop()
 
 
@@ -210,7 +215,7 @@ def summarise(results: list[dict[str, Any]], names: list[str], concurrency: list
             for key in ("calls_per_s", "p50_ms", "p99_ms", "driver_cpu_us_per_call", "server_cpu_us_per_call"):
                 row[key] = _median([r[key] for r in runs])
             row["errors"] = sum(r["errors"] for r in runs)
-            for floor_name, label in ((FLOOR, "vs_floor"), (CHILD, "vs_child")):
+            for floor_name, label in ((FLOOR, "vs_floor"), (RELAY, "vs_relay"), (CHILD, "vs_child")):
                 ratios = [cell[(name, level, i)]["calls_per_s"] / cell[(floor_name, level, i)]["calls_per_s"]
                           for i in rounds
                           if (name, level, i) in cell and cell.get((floor_name, level, i), {}).get("calls_per_s")]
@@ -241,12 +246,12 @@ def _ratio(value: float | None) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The medians as a Markdown table."""
-    lines = ["| target | in flight | calls/s | p50 ms | p99 ms | ÷ floor-http | ÷ child-direct "
+    lines = ["| target | in flight | calls/s | p50 ms | p99 ms | ÷ floor-http | ÷ floor-relay | ÷ child-direct "
              "| server CPU µs/call | driver CPU µs/call | errors |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     lines.extend(
         f"| {row['target']} | {row['concurrency']} | {row['calls_per_s']:.0f} | {row['p50_ms']:.2f} "
-        f"| {row['p99_ms']:.2f} | {_ratio(row['vs_floor'])} | {_ratio(row['vs_child'])} "
+        f"| {row['p99_ms']:.2f} | {_ratio(row['vs_floor'])} | {_ratio(row['vs_relay'])} | {_ratio(row['vs_child'])} "
         f"| {row['server_cpu_us_per_call']:.0f} | {row['driver_cpu_us_per_call']:.0f} | {row['errors']} |"
         for row in sorted(rows, key=lambda r: (r["concurrency"], TARGETS.index(r["target"])))
     )
