@@ -8,6 +8,7 @@ then stop every tool server with the full escalation, so no child outlives the d
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -72,6 +73,7 @@ def observe(state: WebState, reloader: Reloader) -> None:
         yield ("gatewayd_config_in_sync", "1 when the files on disk are the running config.", {},
                1 if reloader.in_sync else 0)
         yield "gatewayd_audit_healthy", "1 while the audit log can be written.", {}, 1 if gateway.audit.healthy else 0
+        yield from _collector_gauges()
 
     gateway.metrics.add_gauges(gauges)
 
@@ -80,6 +82,17 @@ def observe(state: WebState, reloader: Reloader) -> None:
         return gateway.metrics.render()
 
     state.metrics = text
+
+
+def _collector_gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
+    """Python's cyclic collector, named as Prometheus' own Python client names it. Everything a call makes should
+    be freed by its reference count: objects the collector frees are reference cycles, and its runs stall the loop."""
+    for generation, stats in enumerate(gc.get_stats()):
+        labels = {"generation": str(generation)}
+        yield "python_gc_collections_total", "Runs of the cyclic garbage collector, by generation.", labels, \
+            stats["collections"]
+        yield ("python_gc_objects_collected_total", "Objects only the cyclic collector could free, by generation.",
+               labels, stats["collected"])
 
 
 def listen_on(state: WebState, port: int) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 from gatewayd.deadlines import TICK, Deadlines
@@ -94,3 +96,34 @@ async def test_an_earlier_deadline_added_later_is_not_held_up_by_a_far_one() -> 
     assert 0.05 - 1e-6 <= at - start < BOUND
     far.cancel()
     assert deadlines.pending == 0
+
+
+class _Holder:
+    """Holds its own deadline, whose callback is one of its methods: the shape of an SSE answer."""
+
+    def __init__(self, deadlines: Deadlines, delay: float, fired: asyncio.Event) -> None:
+        self.fired = fired
+        self.deadline = deadlines.call_later(delay, self.fire)
+
+    def fire(self) -> None:
+        self.fired.set()
+
+
+async def test_a_deadline_done_with_keeps_no_cycle_with_its_holder() -> None:
+    # The holder must go with its last reference, not wait for the cyclic collector (paused here to tell).
+    deadlines = Deadlines()
+    fired = asyncio.Event()
+    gc.disable()
+    try:
+        cancelled = _Holder(deadlines, 3600, fired)
+        cancelled.deadline.cancel()
+        gone = weakref.ref(cancelled)
+        del cancelled
+        assert gone() is None
+        holder = _Holder(deadlines, 0.05, fired)
+        await asyncio.wait_for(fired.wait(), BOUND)
+        gone = weakref.ref(holder)
+        del holder
+        assert gone() is None
+    finally:
+        gc.enable()

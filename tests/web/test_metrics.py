@@ -51,6 +51,11 @@ async def test_metrics_count_calls_servers_and_config(tmp_path: Path) -> None:
         assert sample(text, "gatewayd_config_in_sync") == 1 and sample(text, "gatewayd_config_generation") == 1
         assert sample(text, "gatewayd_pending_approvals") == 0 and sample(text, "gatewayd_audit_healthy") == 1
         assert "# TYPE gatewayd_call_duration_seconds histogram" in text
+        # Python's cyclic collector, as Prometheus' own Python client names it: runs and objects by generation.
+        for generation in range(3):
+            assert sample(text, f'python_gc_collections_total{{generation="{generation}"}}') >= 0
+            assert sample(text, f'python_gc_objects_collected_total{{generation="{generation}"}}') >= 0
+        assert "# TYPE python_gc_objects_collected_total counter" in text
         # The same text on the admin socket; a config edited on disk shows as out of sync.
         (tmp_path / "policies" / "roles.toml").write_text(ROLES + "# edited\n")
         admin = AdminClient(state.settings.admin_socket_path() or Path("/nonexistent"))
