@@ -87,6 +87,8 @@ def observe(state: WebState, reloader: Reloader) -> None:
 def _collector_gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
     """Python's cyclic collector, named as Prometheus' own Python client names it. Everything a call makes should
     be freed by its reference count: objects the collector frees are reference cycles, and its runs stall the loop."""
+    yield "python_gc_frozen_objects", "Objects made at start-up, left out of the collector's runs.", {}, \
+        gc.get_freeze_count()
     for generation, stats in enumerate(gc.get_stats()):
         labels = {"generation": str(generation)}
         yield "python_gc_collections_total", "Runs of the cyclic garbage collector, by generation.", labels, \
@@ -140,6 +142,10 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         listen_on(state, port)
         url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
         await admin_runner.start(settings)
+        # What start-up made (imports, config, the app: ~50,000 objects, none garbage) lives as long as the daemon.
+        # Out of the cyclic collector's sight, a full run of it under load takes ~0.5 ms instead of ~15 ms, a
+        # stall of every call in flight.
+        gc.freeze()
         logger.info("listening on %s (%d tool servers, %d clients)", url, len(pool.servers), len(snapshot.clients))
         if on_ready is not None:
             on_ready(url)

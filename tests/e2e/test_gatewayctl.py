@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import stat
 from pathlib import Path
@@ -51,6 +52,9 @@ async def test_status_approvals_and_unknown_ids_against_a_live_daemon(
         assert code == 1 and "no approval '0123456789'" in err
         code, out, _ = await gatewayctl(tmp_path, "metrics")
         assert code == 0 and "# TYPE gatewayd_calls_total counter" in out and "gatewayd_config_in_sync 1" in out
+        # What start-up made is kept out of the cyclic collector's runs (app.serve).
+        frozen = re.search(r"^python_gc_frozen_objects (\d+)$", out, re.MULTILINE)
+        assert frozen is not None and int(frozen.group(1)) > 0
 
 
 async def test_the_admin_socket_is_private_and_removed_on_stop(tmp_path: Path) -> None:
