@@ -67,6 +67,7 @@ async def test_no_kind_of_call_leaves_reference_cycles(tmp_path: Path) -> None:
             ({"method": "calc.add", "params": {"a": 1, "b": 2}}, {}),
             ({"method": "calc.nosuch", "params": {}}, {}),
             ({"method": "tools/list"}, session),
+            ({"method": "ping"}, session),
             ({"method": "tools/call", "params": {"name": "calc__add", "arguments": {"a": 1, "b": 2}}},
              {"Accept": SSE, **session}),
             # Streams progress and log events before its result: the open-stream path.
@@ -80,7 +81,10 @@ async def test_no_kind_of_call_leaves_reference_cycles(tmp_path: Path) -> None:
                 for n in range(CALLS):
                     answer = await post(client, token, {"jsonrpc": "2.0", "id": n, **body}, **extra)
                     assert b'"id":%d' % n in answer
-            await post(client, token, {"jsonrpc": "2.0", "id": "last", "method": "ping"}, **session)
+            for n in range(CALLS):  # a batch, and a notification (answered by nothing)
+                batch = [{"jsonrpc": "2.0", "id": n, "method": "calc.add", "params": {"a": n, "b": 1}},
+                         {"jsonrpc": "2.0", "method": "calc.add", "params": {"a": n, "b": 2}}]
+                assert json.loads(await post(client, token, batch))[0]["result"] == n + 1
         left = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in garbage
                        if type(o).__module__.startswith(SERVING)})
     assert left == []
