@@ -9,6 +9,7 @@ is paused, and whatever the calls left unreachable is kept and inspected by type
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from collections.abc import Iterator
@@ -18,12 +19,13 @@ from typing import Any
 
 from tests.daemon import faultsrv_command, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
+from tests.waiting import eventually
 
 # Calls of each kind in the window.
 CALLS = 40
 SSE = "application/json, text/event-stream"
 CALC = python_command("-m", "gatewayd.examples.calc") + '\nprotocol = "jsonrpc"\n[methods.add]\n'
-ROLES = '[roles.r]\nallow = ["calc.*", "fault.*"]\n'
+ROLES = '[roles.r]\nallow = ["calc.*", "fault.*"]\n[roles.gated]\nconfirm = ["calc.add"]\n'
 # Modules whose objects a call makes on the serving side (the test's own client is aiohttp.client*).
 SERVING = ("gatewayd", "aiohttp.web")
 
@@ -43,6 +45,12 @@ def unreachable() -> Iterator[list[Any]]:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+def serving(garbage: list[Any]) -> list[str]:
+    """The distinct types of the serving side's objects among `garbage`."""
+    return sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in garbage
+                   if type(o).__module__.startswith(SERVING)})
 
 
 async def post(client: LocalClient, token: str, body: Any, **extra: str) -> bytes:
@@ -85,6 +93,25 @@ async def test_no_kind_of_call_leaves_reference_cycles(tmp_path: Path) -> None:
                 batch = [{"jsonrpc": "2.0", "id": n, "method": "calc.add", "params": {"a": n, "b": 1}},
                          {"jsonrpc": "2.0", "method": "calc.add", "params": {"a": n, "b": 2}}]
                 assert json.loads(await post(client, token, batch))[0]["result"] == n + 1
-        left = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in garbage
-                       if type(o).__module__.startswith(SERVING)})
+        left = serving(garbage)
+    assert left == []
+
+
+async def test_a_confirmed_call_leaves_no_reference_cycles(tmp_path: Path) -> None:
+    tokens = write_config(tmp_path, {"calc": CALC}, ROLES, {"c": ["gated"]})
+    async with running_stack(tmp_path) as (client, state):
+        approvals = state.gateway.approvals
+
+        async def confirmed_call(n: int) -> None:
+            call = asyncio.create_task(post(client, tokens["c"], {"jsonrpc": "2.0", "id": n, "method": "calc.add",
+                                                                  "params": {"a": n, "b": 1}}))
+            await eventually(lambda: bool(approvals.pending()), what="the call waits for a person")
+            approvals.decide(approvals.pending()[0].id, approve=True, by="test", channel="cli")
+            assert json.loads(await call)["result"] == n + 1
+
+        await confirmed_call(0)
+        with unreachable() as garbage:
+            for n in range(CALLS):
+                await confirmed_call(n)
+        left = serving(garbage)
     assert left == []
