@@ -37,15 +37,18 @@ class Deadline:
     def cancel(self) -> None:
         """Forget the deadline; harmless after it fired or was cancelled."""
         self._bucket.pop(self, None)
-        self._forget()
+        self._take()
 
-    def _forget(self) -> None:
+    def _take(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        """The callback and its arguments, forgotten here once taken: it runs at most once."""
+        taken = self._callback, self._args
         # The callback is often a bound method of whatever holds this deadline: dropping it breaks that
         # reference cycle, so the holder (an SSE answer, and through it its whole request) is freed by its
         # reference count at once instead of by the cyclic collector, as asyncio's own handles do. Measured:
         # each SSE call left ~28 objects for the collector, whose runs then cost ~24 µs a call at 32 in flight.
         self._callback = _forgotten
         self._args = ()
+        return taken
 
 
 class Deadlines:
@@ -91,8 +94,7 @@ class Deadlines:
                 if deadline not in bucket:  # cancelled by a callback before it
                     continue
                 del bucket[deadline]
-                callback, args = deadline._callback, deadline._args
-                deadline._forget()
+                callback, args = deadline._take()
                 try:
                     callback(*args)
                 except Exception as exc:  # one failing callback must not cost the others their deadline
