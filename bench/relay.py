@@ -12,26 +12,21 @@ the HTTP floor. Run: `BENCH_FLOOR_TOKEN=… python -m bench.relay --port 0`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import hmac
 import itertools
 import json
-import os
-import signal
 import sys
 from typing import Any
 
 from aiohttp import web
 
-from bench.floor import PATH, TOKEN_ENV
+from bench.floor import authorized, floor_app, main, serve_app
 
 CHILD_ARGV = ("python3", "-m", "gatewayd.examples.calc")
 # A child line longer than this is a broken child: the relay stops reading it.
 MAX_LINE_BYTES = 1024 * 1024
 # Time for the child to exit after its stdin closes, before it is killed.
 CHILD_EXIT_DEADLINE = 5.0
-EXPECTED = web.AppKey("expected", bytes)
 
 
 class Child(asyncio.SubprocessProtocol):
@@ -88,8 +83,7 @@ CHILD = web.AppKey("child", Child)
 
 async def handle_post(request: web.Request) -> web.Response:
     """Relay an authorized `server.method` call to the child as `method`."""
-    presented = request.headers.get("Authorization", "").encode()
-    if not hmac.compare_digest(presented, request.app[EXPECTED]):
+    if not authorized(request):
         return web.Response(status=401, text="invalid token\n")
     message = json.loads(await request.read())
     message["method"] = message["method"].partition(".")[2]
@@ -101,23 +95,11 @@ async def serve(host: str, port: int, token: str) -> None:
     """Start the child, serve until SIGTERM or SIGINT, stop the child."""
     loop = asyncio.get_running_loop()
     transport, child = await loop.subprocess_exec(Child, *CHILD_ARGV, stderr=asyncio.subprocess.DEVNULL)
-    app = web.Application()
-    app[EXPECTED] = f"Bearer {token}".encode()
+    app = floor_app(token, handle_post)
     app[CHILD] = child
-    app.router.add_post(PATH, handle_post)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1]
-        print(f"relay: listening on http://{host}:{bound}{PATH}", file=sys.stderr, flush=True)
-        await stop.wait()
+        await serve_app(app, host, port, "relay")
     finally:
-        await runner.cleanup()
         await _stop_child(transport, child)
 
 
@@ -136,18 +118,5 @@ async def _stop_child(transport: asyncio.SubprocessTransport, child: Child) -> N
     transport.close()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.relay", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args()
-    token = os.environ.get(TOKEN_ENV)
-    if not token:
-        print(f"relay: set {TOKEN_ENV}", file=sys.stderr)
-        return 2
-    asyncio.run(serve(args.host, args.port, token))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("relay", serve))
