@@ -26,7 +26,7 @@ import pytest
 
 from gatewayd import systemd
 from gatewayd.settings import Settings
-from gatewayd.upstream.connection import SIGKILL_GRACE, SIGTERM_GRACE, STDIN_CLOSE_GRACE
+from gatewayd.upstream.process import SIGKILL_GRACE, SIGTERM_GRACE, STDIN_CLOSE_GRACE
 from tests.daemon import (
     GATEWAYCTL_DEADLINE,
     REPO,

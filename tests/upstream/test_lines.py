@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gatewayd.upstream.connection import MAX_LINE_BYTES, Lines
+from gatewayd.upstream.process import MAX_LINE_BYTES, Lines
 
 
 class Collector:

@@ -14,7 +14,7 @@ import pytest
 
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import CallTimedOut, Overloaded, ToolServerFailed, ToolServerUnavailable
-from gatewayd.upstream.connection import MAX_LINE_BYTES
+from gatewayd.upstream.process import MAX_LINE_BYTES
 from gatewayd.upstream.server import State, ToolServer
 from tests.daemon import FAULTSRV
 from tests.waiting import eventually, process_gone
@@ -163,7 +163,7 @@ async def test_response_with_unknown_id_is_dropped(tmp_path: Path, servers: list
 
 
 async def test_stderr_flood_is_rate_limited(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
-    caplog.set_level(logging.INFO, logger="gatewayd.upstream.connection")
+    caplog.set_level(logging.INFO, logger="gatewayd.upstream.process")
     server = track(servers, fault_server(tmp_path))
     assert await server.call("stderr_flood", {"lines": 5000}) == "ok"
     await server.stop()

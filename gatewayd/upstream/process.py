@@ -1,0 +1,419 @@
+"""One stdio child process: spawn, stdout line framing, stderr logging, exit detection, shutdown escalation.
+
+Owns: the process (in its own process group) and its minimal environment, its stdin/stdout/stderr
+pipes, the rate-limited log of its stderr, how it ended (`ExitInfo`), and the ordered stop: close
+stdin, wait, SIGTERM the group, wait, SIGKILL, then reap what is left of the group.
+Does not own: what the bytes mean (peer.py: JSON-RPC ids, pending calls), or restarts and idle
+timers (server.py). It writes the bytes it is given, hands each whole stdout line to its owner
+in the pipe's own callback, and tells its owner once when the child has exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gatewayd.errors import ToolServerUnavailable
+
+logger = logging.getLogger(__name__)
+
+# A child's message may be this large; asyncio's 64 KiB default breaks real tool servers.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+# Grace period for the child to exit on its own after its stdin closes.
+STDIN_CLOSE_GRACE = 2.0
+# Grace period after SIGTERM before the whole process group is killed.
+SIGTERM_GRACE = 3.0
+# Bound on waiting for the kernel to reap a SIGKILLed group.
+SIGKILL_GRACE = 2.0
+# How often to check whether leftover group members (grandchildren) are gone.
+GROUP_POLL_INTERVAL = 0.02
+# Stderr lines kept for error reports when the child exits.
+STDERR_TAIL_LINES = 20
+# Stderr lines logged per window before the rest are counted, not logged.
+STDERR_LOG_BURST = 50
+STDERR_LOG_WINDOW = 1.0
+# A few child variables a tool server usually needs; everything else must be set in its config.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR", "VIRTUAL_ENV")
+
+
+@dataclass
+class ExitInfo:
+    """How a child ended, for errors and logs."""
+
+    returncode: int | None
+    stderr_tail: list[str]
+
+    def describe(self) -> str:
+        """'exit status N' or 'killed by signal S'."""
+        code = self.returncode
+        if code is None:
+            return "unknown status"
+        if code < 0:
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+
+class _StderrLog:
+    """Logs a child's stderr at a bounded rate so a flooding child cannot drown the daemon's log."""
+
+    def __init__(self, tag: str, pid: int) -> None:
+        self.tag = tag
+        self.pid = pid
+        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._window_start = 0.0
+        self._in_window = 0
+        self._suppressed = 0
+
+    def line(self, text: str) -> None:
+        self.tail.append(text)
+        now = time.monotonic()
+        if now - self._window_start >= STDERR_LOG_WINDOW:
+            if self._suppressed:
+                logger.warning("server=%s pid=%d stderr: %d lines not logged (rate limit)",
+                               self.tag, self.pid, self._suppressed)
+            self._window_start, self._in_window, self._suppressed = now, 0, 0
+        self._in_window += 1
+        if self._in_window <= STDERR_LOG_BURST:
+            logger.info("server=%s pid=%d stderr: %s", self.tag, self.pid, text)
+        else:
+            self._suppressed += 1
+
+
+def child_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: a few inherited variables plus the server's own `env`."""
+    env = {key: os.environ[key] for key in INHERITED_ENV if key in os.environ}
+    env.update(extra)
+    return env
+
+
+def unavailable(name: str, what: str, *, retryable: bool = True) -> ToolServerUnavailable:
+    """The error for a child that cannot take or answer a message: "tool server 'name' <what>"."""
+    error = ToolServerUnavailable(f"tool server {name!r} {what}", {"server": name})
+    if not retryable:
+        error.data["retryable"] = False
+    return error
+
+
+class ChildProcess:
+    """A stdio child in its own process group. Use `open(on_lines)`, then `write`, then `close()`.
+
+    `on_activity` is called on stderr output and on overlong stdout lines (the owner of the stdout
+    lines tells it of those itself, so the pipe callback makes no extra call); `on_exit` is called once,
+    with the `ExitInfo`, when the child has exited on its own or been stopped, before the rest of its
+    process group is reaped.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        tag: str | None = None,
+        on_activity: Callable[[], None] | None = None,
+        on_exit: Callable[[ExitInfo], None] | None = None,
+    ) -> None:
+        self.name = name
+        # How log lines name this child: the server and the config generation it was started for.
+        self.tag = tag or name
+        self.argv = argv
+        self.env = child_env(env or {})
+        self.cwd = cwd
+        self._on_activity = on_activity
+        self._on_exit = on_exit
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stdin: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stderr: _StderrLog | None = None
+        self._stdout: Lines | None = None
+        self._exited = asyncio.Event()
+        self.exit_info: ExitInfo | None = None
+        self._closing = False
+
+    @property
+    def pid(self) -> int:
+        """The child's pid (also its process group id)."""
+        assert self._proc is not None, "open() first"
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        """Whether the child is running and not being stopped."""
+        return self._proc is not None and not self._exited.is_set() and not self._closing
+
+    async def open(self, on_lines: Callable[[list[bytes]], None]) -> None:
+        """Spawn the child in its own process group; its stdout goes to `on_lines`, whole lines as they arrive.
+        Raises ToolServerUnavailable if it cannot start."""
+        assert self._proc is None, "a child is opened once"
+        loop = asyncio.get_running_loop()
+        self._stdout = Lines(on_lines, self._overlong_line)
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                functools.partial(_ChildProtocol, self._stdout, loop),
+                *self.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ToolServerUnavailable(
+                f"tool server {self.name!r} could not start: {exc.strerror or exc}",
+                {"server": self.name, "command": self.argv},
+            ) from exc
+        self._proc = asyncio.subprocess.Process(transport, protocol, loop)
+        self._stdin = self._proc.stdin
+        self._stderr = _StderrLog(self.tag, self._proc.pid)
+        logger.info("server=%s pid=%d started: %s", self.tag, self._proc.pid, " ".join(self.argv))
+        self._tasks = [
+            asyncio.create_task(self._read_stderr(), name=f"{self.name}-stderr"),
+            asyncio.create_task(self._wait_exit(), name=f"{self.name}-wait"),
+        ]
+
+    async def wait_exited(self, timeout: float | None) -> bool:
+        """Whether the child exits (and its owner has been told) within `timeout` seconds (None: ever)."""
+        return await _wait_event(self._exited, timeout)
+
+    # -- stdin -----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Write bytes to the child's stdin; dropped once stdin is closed (the exit will be reported)."""
+        stdin = self._stdin
+        if stdin is None or stdin.is_closing():
+            return
+        stdin.write(data)
+
+    def backlogged(self) -> bool:
+        """Whether bytes wait for the child's stdin: only then can a drain have anything to wait for."""
+        stdin = self._stdin
+        return stdin is not None and stdin.transport.get_write_buffer_size() > 0
+
+    async def drain(self) -> None:
+        """Wait until the child's stdin takes what was written. Raises ToolServerUnavailable once it is closed."""
+        assert self._stdin is not None, "open() first"
+        try:
+            await self._stdin.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise unavailable(self.name, "closed its stdin") from exc
+
+    # -- output and exit -------------------------------------------------------------------
+
+    def _overlong_line(self) -> None:
+        self._activity()
+        logger.warning("server=%s pid=%d stdout line over %d bytes dropped", self.tag, self.pid, MAX_LINE_BYTES)
+
+    def _activity(self) -> None:
+        if self._on_activity is not None:
+            self._on_activity()
+
+    async def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None and self._stderr is not None
+        stream = self._proc.stderr
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:
+                continue
+            if not line:
+                return
+            self._activity()
+            self._stderr.line(line.decode("utf-8", "replace").rstrip("\r\n"))
+
+    async def _wait_exit(self) -> None:
+        assert self._proc is not None and self._stderr is not None and self._stdout is not None
+        returncode = await self._proc.wait()
+        # Let the readers take what the child wrote before exiting, so its last words reach the log.
+        await asyncio.wait([self._stdout.closed, self._tasks[0]], timeout=SIGKILL_GRACE)
+        self.exit_info = ExitInfo(returncode, list(self._stderr.tail))
+        level = logging.INFO if self._closing else logging.WARNING
+        logger.log(level, "server=%s pid=%d exited: %s", self.tag, self._proc.pid, self.exit_info.describe())
+        if self._on_exit is not None:
+            self._on_exit(self.exit_info)
+        await self._reap_group()
+        self._exited.set()
+
+    # -- stopping --------------------------------------------------------------------------
+
+    async def _reap_group(self) -> None:
+        """Kill what is left of the child's process group (grandchildren), bounded."""
+        assert self._proc is not None
+        if not _group_alive(self._proc.pid):
+            return
+        _signal_group(self._proc.pid, signal.SIGTERM)
+        if not await _group_gone(self._proc.pid, SIGTERM_GRACE):
+            _signal_group(self._proc.pid, signal.SIGKILL)
+            await _group_gone(self._proc.pid, SIGKILL_GRACE)
+
+    async def close(self, flush: Callable[[], None] | None = None) -> ExitInfo:
+        """Stop the child: close stdin, wait, SIGTERM the group, wait, SIGKILL. Every wait is bounded.
+
+        `flush` writes what the owner still holds for stdin, just before stdin closes. If the child's
+        exit was never seen (its wait was cut off), `exit_info` is made here and `on_exit` is not called.
+        """
+        self._closing = True
+        proc = self._proc
+        if proc is None:
+            return ExitInfo(None, [])
+        if not self._exited.is_set():
+            with contextlib.suppress(OSError, RuntimeError):
+                if flush is not None:
+                    flush()
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            if not await _wait_event(self._exited, STDIN_CLOSE_GRACE):
+                _signal_group(proc.pid, signal.SIGTERM)
+                if not await _wait_event(self._exited, SIGTERM_GRACE):
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    await _wait_event(self._exited, SIGKILL_GRACE + SIGTERM_GRACE)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.exit_info is None:
+            self.exit_info = ExitInfo(proc.returncode, list(self._stderr.tail) if self._stderr else [])
+        return self.exit_info
+
+
+class Lines:
+    """The child's stdout cut into lines as it arrives, for `on_lines`: no reader task and no stream buffer sit
+    between a child's answer and the call waiting for it (in profiles of the loaded daemon they were a few percent
+    of a call). A line longer than MAX_LINE_BYTES is dropped up to its newline, and `on_overlong` told, where a
+    StreamReader let the rest of it through as garbage lines; memory stays bounded by that limit. A last line
+    without a newline still counts at EOF."""
+
+    def __init__(self, on_lines: Callable[[list[bytes]], None], on_overlong: Callable[[], None]) -> None:
+        self._on_lines = on_lines
+        self._on_overlong = on_overlong
+        self._partial: list[bytes] = []  # the start of a line still waiting for its newline
+        self._partial_size = 0
+        self._skipping = False  # inside an overlong line: drop until its newline
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            self._skipping = False
+            start = end + 1
+        lines: list[bytes] = []
+        while (end := data.find(b"\n", start)) >= 0:
+            if self._partial:
+                self._keep(data[start:end])
+                if not self._skipping:
+                    lines.append(b"".join(self._partial))
+                self._partial, self._partial_size, self._skipping = [], 0, False
+            else:
+                self._keep_whole(lines, data[start:end])
+            start = end + 1
+        if start < len(data):
+            self._keep(data[start:] if start else data)
+        if lines:
+            self._on_lines(lines)
+
+    def eof(self) -> None:
+        if self._partial and not self._skipping:
+            self._on_lines([b"".join(self._partial)])
+        self._partial = []
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _keep_whole(self, lines: list[bytes], line: bytes) -> None:
+        if len(line) > MAX_LINE_BYTES:
+            self._on_overlong()
+        else:
+            lines.append(line)
+
+    def _keep(self, chunk: bytes) -> None:
+        if self._skipping:
+            return
+        self._partial_size += len(chunk)
+        if self._partial_size > MAX_LINE_BYTES:
+            self._partial, self._partial_size, self._skipping = [], 0, True
+            self._on_overlong()
+        else:
+            self._partial.append(chunk)
+
+
+class _ChildProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's subprocess protocol (stdin writer, stderr reader, exit), with stdout going to `Lines`."""
+
+    def __init__(self, stdout: Lines, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=MAX_LINE_BYTES, loop=loop)
+        self._lines = stdout
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if fd == 1:
+            assert isinstance(data, bytes)
+            self._lines.feed(data)
+        else:
+            super().pipe_data_received(fd, data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        super().pipe_connection_lost(fd, exc)
+        if fd == 1:
+            self._lines.eof()
+
+
+async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in the group.
+
+    Zombies count as gone: orphans are reaped by init, which in a container may never happen.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return any(state != "Z" for state in _group_states(pgid))
+
+
+def _group_states(pgid: int) -> list[str]:
+    states = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            states.append(fields[0])
+    return states
+
+
+async def _group_gone(pgid: int, timeout: float) -> bool:
+    """Poll until no process of the group is left; the members are not our children, so polling is all there is."""
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(GROUP_POLL_INTERVAL)
+    return True

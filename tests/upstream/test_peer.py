@@ -1,0 +1,66 @@
+"""Requests a child sends the gateway unasked: answered by `on_request`, or by the default, under the child's own id."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from gatewayd.upstream.connection import Connection
+from gatewayd.upstream.peer import default_reply
+
+ASKSRV = Path(__file__).resolve().parents[1] / "fixtures" / "asksrv.py"
+# Bound on the child's report; generous for a loaded 2-core machine.
+REPORT_TIMEOUT = 20.0
+
+Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+@asynccontextmanager
+async def asking(*asks: str, on_request: Handler | None = None) -> AsyncIterator[Connection]:
+    """A Connection to the asking fixture, which sends the gateway one request per `ID=METHOD` of `asks`."""
+    conn = Connection("asking", [sys.executable, str(ASKSRV), *asks], on_request=on_request)
+    await conn.open()
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def test_a_custom_reply_reaches_the_child_under_its_own_id() -> None:
+    asked: list[dict[str, Any]] = []
+
+    def answer(message: dict[str, Any]) -> dict[str, Any] | None:
+        asked.append(message)
+        if message["method"] == "later":
+            return None
+        if message["method"] == "ping":
+            return default_reply(message)
+        return {"jsonrpc": "2.0", "id": message["id"], "result": {"roots": [], "for": message["params"]}}
+
+    # The child's first id is 1, as is the gateway's first: each side's id space is its own.
+    async with asking("1=roots/list", '"p"=ping', '"l"=later', "7=sampling/createMessage", on_request=answer) as conn:
+        replies = await conn.call("report", None, timeout=REPORT_TIMEOUT)
+        assert conn.in_flight == 0
+    assert [(m["id"], m["method"], m["params"]) for m in asked] == [
+        (1, "roots/list", {"asked": "roots/list"}),
+        ("p", "ping", {"asked": "ping"}),
+        ("l", "later", {"asked": "later"}),
+        (7, "sampling/createMessage", {"asked": "sampling/createMessage"}),
+    ]
+    assert replies == [
+        {"jsonrpc": "2.0", "id": 1, "result": {"roots": [], "for": {"asked": "roots/list"}}},
+        {"jsonrpc": "2.0", "id": "p", "result": {}},
+        {"jsonrpc": "2.0", "id": 7, "result": {"roots": [], "for": {"asked": "sampling/createMessage"}}},
+    ]
+
+
+async def test_without_on_request_ping_is_answered_and_the_rest_refused() -> None:
+    async with asking('"p"=ping', "1=roots/list") as conn:
+        replies = await conn.call("report", None, timeout=REPORT_TIMEOUT)
+    assert replies == [
+        {"jsonrpc": "2.0", "id": "p", "result": {}},
+        {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "Method not found"}},
+    ]
