@@ -12,7 +12,8 @@ carrying requests in flight (`max_concurrent`) and JSON-RPC messages per second 
 
 Does not own idle keep-alive connections (aiohttp's `keepalive_timeout`), header sizes (aiohttp's
 parser, given its limits by `gatewayd.app.make_runner`), body size, nesting or batch length
-(mcp_http.py and jsonrpc.py), or turning HttpError into a response (app.py).
+(mcp_http.py and jsonrpc.py), turning HttpError into a response (app.py), or the hooks into aiohttp's
+server that it builds on (aiohttp_hooks.py, the only module touching aiohttp's internals).
 """
 
 from __future__ import annotations
@@ -26,27 +27,17 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_parser import RawRequestMessage
-from aiohttp.streams import StreamReader
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
 
 from gatewayd.config.models import ClientLimits
 from gatewayd.errors import HttpError
 from gatewayd.jsonrpc import Message, Request
-from gatewayd.once import Once
 from gatewayd.policy import Principal
 from gatewayd.settings import Settings
+from gatewayd.web import aiohttp_hooks
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-LowLevelHandler = Callable[[BaseRequest], Awaitable[web.StreamResponse]]
-RequestFactory = Callable[
-    [RawRequestMessage, StreamReader, RequestHandler, AbstractStreamWriter, "asyncio.Task[None]"], BaseRequest
-]
 
 # When the request's body must be complete (event-loop time), set as aiohttp makes the request.
 BODY_DEADLINE = web.RequestKey("body_deadline", float)
@@ -89,23 +80,20 @@ class ConnectionLimits:
         return cls(settings.header_timeout, settings.request_timeout, settings.max_connections)
 
 
-class LimitedProtocol(RequestHandler):
+class LimitedProtocol(aiohttp_hooks.Connection):
     """aiohttp's HTTP/1.1 protocol plus the connection cap and the header and request clocks.
 
     The clock of a request starts when the connection opens (first request) or at the first byte
     after the previous response (later ones), so an idle kept-alive connection is left to
     aiohttp's keep-alive timeout. The header timer stops when aiohttp has parsed the request and
-    makes its request object (`request_started`, from LimitedServer); the body deadline from there
-    on is enforced by `middleware`.
+    makes its request object (`request_started`); the body deadline from there on is enforced by
+    `middleware`.
     """
 
     def __init__(self, manager: LimitedServer, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
         super().__init__(manager, loop=loop, **kwargs)
         self._gate = manager
         self._event_loop = loop
-        self._admitted = False
-        # Between requests: the next byte starts a new request's clock.
-        self._idle = True
         # Bytes of the next request have arrived: a timeout then owes the client a 408.
         self._partial = False
         self._started_at: float | None = None
@@ -114,82 +102,38 @@ class LimitedProtocol(RequestHandler):
         # header_timeout and re-arms, instead of being created and cancelled for every request.
         self._header_deadline: float | None = None
         self._header_timer: asyncio.Handle | None = None
-        self._cut_after_response = False
-        # The client goes away (a call waiting for approval is then withdrawn).
-        self._lost = Once()
 
-    def on_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback` when this connection closes (at once if it has); returns how to cancel that."""
-        if self.transport is None or self.transport.is_closing():
-            self._lost.fire()
-        return self._lost.add(callback)
+    def refusal(self) -> bytes | None:
+        return None if self._gate.admit() else TOO_MANY_CONNECTIONS
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._gate.admit():
-            # Never handed to aiohttp: no task, no parser work, just the refusal.
-            assert isinstance(transport, asyncio.WriteTransport)
-            transport.write(TOO_MANY_CONNECTIONS)
-            transport.close()
-            return
-        self._admitted = True
-        super().connection_made(transport)
+    def opened(self) -> None:
         self._start_clock()
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if not self._admitted:
-            return
-        self._admitted = False
+    def closed(self) -> None:
         self._gate.release()
         self._stop_clock()
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
-        self._lost.fire()
-        super().connection_lost(exc)
 
-    def data_received(self, data: bytes) -> None:
-        if self._admitted and self._idle and data:
-            self._partial = True
-            if self._header_deadline is None:
-                self._start_clock()
-        super().data_received(data)
+    def receiving_request(self) -> None:
+        self._partial = True
+        if self._header_deadline is None:
+            self._start_clock()
 
-    def request_started(self) -> float:
-        """aiohttp parsed a request's headers and is about to handle it. Returns when its body must be complete."""
+    def request_started(self, request: web.BaseRequest) -> None:
+        """The header clock stops; the body must be complete by the request's BODY_DEADLINE."""
         self._stop_clock()
         # A request parsed while an earlier one was handled (pipelining) starts its clock now.
         started = self._started_at if self._started_at is not None else self._event_loop.time()
-        self._idle = False
         self._partial = False
         self._started_at = None
-        return started + self._gate.limits.request_timeout
+        request[BODY_DEADLINE] = started + self._gate.limits.request_timeout
 
-    def cut_after_response(self) -> None:
-        """Close the connection as soon as the current response is sent (no lingering read of the body)."""
-        self._cut_after_response = True
-
-    async def finish_response(
-        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
-    ) -> tuple[web.StreamResponse, bool]:
-        result = await super().finish_response(request, resp, start_time)
-        if self._cut_after_response:
-            self.force_close()
-        else:
-            # Bytes still arriving for this body (aiohttp reads and drops them) do not start the next clock.
-            request.content.on_eof(self._become_idle)
-        return result
-
-    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+    def bad_request(self, reason: str) -> None:
         # A malformed or oversized request (400) is the client's mistake: one debug line, not a traceback at
         # ERROR for each one, so a flood of bad requests cannot flood the log.
-        exc = kwargs.get("exc_info")
-        if isinstance(exc, HttpProcessingError):
-            logger.debug("bad request from %s: %s", self.peername, exc.message[:200])
-            return
-        super().log_exception(*args, **kwargs)
-
-    def _become_idle(self) -> None:
-        self._idle = True
+        logger.debug("bad request from %s: %s", self.peer, reason[:200])
 
     def _start_clock(self) -> None:
         self._started_at = self._event_loop.time()
@@ -208,57 +152,27 @@ class LimitedProtocol(RequestHandler):
     def _headers_too_slow(self) -> None:
         self._header_timer = None
         deadline = self._header_deadline
-        if self.transport is None or deadline is None:
+        if not self.is_open or deadline is None:
             return
         if self._event_loop.time() < deadline:
             # The timer was armed for an earlier request; this one's clock runs on.
             self._header_timer = self._event_loop.call_at(deadline, self._headers_due)
             return
-        # A client that sent nothing gets no answer (it may be about to send, and would misread one).
-        if self._partial:
-            self.transport.write(HEADERS_TOO_SLOW)
         logger.debug("closing a connection whose request headers took over %ss", self._gate.limits.header_timeout)
-        self.force_close()
+        # A client that sent nothing gets no answer (it may be about to send, and would misread one).
+        self.close_now(HEADERS_TOO_SLOW if self._partial else b"")
 
 
-class LimitedServer(web.Server):
-    """aiohttp's low-level server, making LimitedProtocol connections, counting them, and starting requests."""
+class LimitedServer(aiohttp_hooks.Server):
+    """aiohttp's low-level server, making LimitedProtocol connections and counting them."""
 
-    def __init__(
-        self,
-        handler: LowLevelHandler,
-        *,
-        limits: ConnectionLimits,
-        request_factory: RequestFactory,
-        handler_cancellation: bool = False,
-        **protocol_kwargs: Any,
-    ) -> None:
-        super().__init__(
-            handler, request_factory=self._make_request, handler_cancellation=handler_cancellation, **protocol_kwargs
-        )
-        self._app_request_factory = request_factory
+    connection_class = LimitedProtocol
+
+    def __init__(self, args: aiohttp_hooks.ServerArgs, *, limits: ConnectionLimits) -> None:
+        super().__init__(args)
         self.limits = limits
-        self._protocol_kwargs = protocol_kwargs
-        self._event_loop = asyncio.get_running_loop()
         self._open = 0
         self._refusing = False
-
-    def __call__(self) -> RequestHandler:
-        return LimitedProtocol(self, loop=self._event_loop, **self._protocol_kwargs)
-
-    def _make_request(
-        self,
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> BaseRequest:
-        # aiohttp calls this once a request's headers are parsed, just before handling it: the header clock stops.
-        request = self._app_request_factory(message, payload, protocol, writer, task)
-        if isinstance(protocol, LimitedProtocol):
-            request[BODY_DEADLINE] = protocol.request_started()
-        return request
 
     @property
     def open_connections(self) -> int:
@@ -283,7 +197,7 @@ class LimitedServer(web.Server):
             self._refusing = False
 
 
-class LimitedRunner(web.AppRunner):
+class LimitedRunner(aiohttp_hooks.Runner):
     """An AppRunner whose server is a LimitedServer; aiohttp arguments for each connection pass through."""
 
     def __init__(
@@ -296,34 +210,20 @@ class LimitedRunner(web.AppRunner):
         **protocol_kwargs: Any,
     ) -> None:
         super().__init__(
-            app,
-            handle_signals=False,
-            shutdown_timeout=shutdown_timeout,
-            handler_cancellation=handler_cancellation,
-            **protocol_kwargs,
+            app, shutdown_timeout=shutdown_timeout, handler_cancellation=handler_cancellation, **protocol_kwargs
         )
         self._limits = limits
-        self._handler_cancellation = handler_cancellation
-        self._protocol_kwargs = protocol_kwargs
 
-    async def _make_server(self) -> web.Server:
-        # AppRunner's server starts and freezes the app; only its handler and request factory are kept.
-        plain = await super()._make_server()
-        return LimitedServer(
-            plain.request_handler,
-            limits=self._limits,
-            request_factory=plain.request_factory,
-            handler_cancellation=self._handler_cancellation,
-            **self._protocol_kwargs,
-        )
+    def make_server(self, args: aiohttp_hooks.ServerArgs) -> LimitedServer:
+        return LimitedServer(args, limits=self._limits)
 
 
 def on_disconnect(request: web.BaseRequest, callback: Callable[[], None]) -> Callable[[], None]:
     """Call `callback` when the request's client disconnects; returns how to cancel that. Served by a plain
     aiohttp server (its test utilities), a disconnect is never reported."""
-    protocol = request.protocol
-    if isinstance(protocol, LimitedProtocol):
-        return protocol.on_lost(callback)
+    connection = aiohttp_hooks.connection_of(request)
+    if connection is not None:
+        return connection.on_lost(callback)
     return lambda: None
 
 
@@ -364,7 +264,7 @@ async def _within_deadline(request: web.Request, handler: Handler, deadline: flo
     try:
         async with scope:
             # Called at once if the body is already complete (or there is none).
-            request.content.on_eof(lift)
+            aiohttp_hooks.when_body_read(request, lift)
             try:
                 return await handler(request)
             finally:
@@ -372,8 +272,9 @@ async def _within_deadline(request: web.Request, handler: Handler, deadline: flo
     except TimeoutError:
         if not scope.expired():
             raise
-    if isinstance(request.protocol, LimitedProtocol):
-        request.protocol.cut_after_response()
+    connection = aiohttp_hooks.connection_of(request)
+    if connection is not None:
+        connection.cut_after_response()
     logger.debug("request body from %s not complete by its deadline", request.remote)
     raise HttpError(408, "request body not received in time", {"Connection": "close"})
 

@@ -1,0 +1,277 @@
+"""The only gatewayd module that touches aiohttp's internals: hooks into its HTTP server, in gatewayd terms.
+
+aiohttp documents no way to see a connection open, its bytes arrive, a request's headers finish
+parsing or its response go out, nor to refuse a connection before aiohttp takes it; limits.py needs all
+of these. This module gets them from aiohttp's undocumented classes and gives limits.py (and anything
+else) a small surface instead:
+
+- `Connection`: one HTTP/1.1 connection, aiohttp's protocol with hooks to override (`refusal`,
+  `opened`, `receiving_request`, `request_started`, `bad_request`, `closed`) and a few services
+  (`cut_after_response`, `close_now`, `on_lost`, `is_open`, `peer`).
+- `Server`: aiohttp's low-level server, making `connection_class` connections and telling each when a
+  request starts.
+- `Runner`: aiohttp's AppRunner, serving the app through `make_server`'s Server.
+- `connection_of(request)` and `when_body_read(request, callback)`, for code holding a request.
+
+What it relies on, none of it documented (checked by tests/web/test_aiohttp_hooks.py, by name):
+
+- `web.AppRunner._make_server()`: the coroutine `setup()` awaits to start and freeze the app and build
+  its `web.Server`; that server's `request_handler` and `request_factory` attributes.
+- `web.Server(handler, request_factory=..., handler_cancellation=..., **protocol_kwargs)`, and
+  `Server.__call__` being the protocol factory the sites hand to the event loop.
+- The request factory's arguments `(message, payload, protocol, writer, task)`, and that aiohttp calls
+  it once a request's headers are parsed, just before its handler runs.
+- `aiohttp.web_protocol.RequestHandler`: `__init__(manager, *, loop, **protocol_kwargs)`; its
+  `connection_made`, `connection_lost` and `data_received`, which may be skipped entirely for a
+  connection refused on arrival; `finish_response(request, response, start_time)`, awaited once each
+  response is written; `log_exception(..., exc_info=...)`, called with an
+  `aiohttp.http_exceptions.HttpProcessingError` (and its `message`) for a malformed or oversized
+  request; `force_close()`; `transport`; `peername`.
+- `BaseRequest.protocol` (the request's RequestHandler) and `StreamReader.on_eof(callback)` (called
+  at once if the body is complete already).
+
+How to check a new aiohttp: widen `TESTED` (and, to the same range, the requirement in pyproject.toml),
+install it, run tests/web/test_aiohttp_hooks.py (each hook's shape, and each hook firing over a real
+connection), then tests/web/test_limits.py (their use: deadlines, the connection cap, bad requests),
+and read aiohttp's changes to web_protocol.py, web_server.py and web_runner.py for changed timing,
+such as when the request factory is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, NamedTuple
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from gatewayd.once import Once
+
+logger = logging.getLogger(__name__)
+
+# The aiohttp versions gatewayd was checked against; pyproject.toml requires exactly this range. The floor is not
+# this module's: `web.RequestKey` (limits.py) is new in aiohttp 3.14. With str keys instead, these hooks and
+# limits.py's tests also held on 3.9.5, 3.11.18 and 3.13.5, but the `max_headers` count is enforced from 3.13.4 only.
+TESTED = ">=3.14,<3.15"
+
+_AppHandler = Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+_RequestFactory = Callable[
+    [RawRequestMessage, StreamReader, RequestHandler, AbstractStreamWriter, "asyncio.Task[None]"], BaseRequest
+]
+
+# aiohttp's own methods, called directly on the hot path (each byte chunk, each response): cheaper than super().
+_data_received = RequestHandler.data_received
+_finish_response = RequestHandler.finish_response
+
+
+class Connection(RequestHandler):
+    """One HTTP/1.1 connection: aiohttp's protocol, plus hooks a subclass overrides (here: every connection is
+    served, a bad request logged at debug, nothing else done).
+
+    A connection is between requests when it opens and again once a response is sent and that
+    request's body has been read to its end (aiohttp reads and drops what a handler left); bytes
+    arriving then are the next request's.
+    """
+
+    def __init__(self, server: Server, *, loop: asyncio.AbstractEventLoop, **protocol_kwargs: Any) -> None:
+        super().__init__(server, loop=loop, **protocol_kwargs)
+        # Handed to aiohttp, and not yet closed.
+        self._served = False
+        # Between requests: bytes arriving start the next one.
+        self._idle = False
+        self._cut_after_response = False
+        # The client goes away (a call waiting for approval is then withdrawn).
+        self._lost = Once()
+
+    # -- hooks --------------------------------------------------------------------------------------
+
+    def refusal(self) -> bytes | None:
+        """A connection arrived: None to serve it, or a whole raw HTTP response to send it before closing it.
+        A refused connection is never handed to aiohttp (no task, no parser work), and none of the other
+        hooks is called for it."""
+        return None
+
+    def opened(self) -> None:
+        """aiohttp has taken the connection."""
+
+    def receiving_request(self) -> None:
+        """Bytes arrived between requests: the start of the next one (called for each chunk until it starts)."""
+
+    def request_started(self, request: web.BaseRequest) -> None:
+        """aiohttp parsed `request`'s headers and is about to handle it."""
+
+    def bad_request(self, reason: str) -> None:
+        """aiohttp refused a malformed or oversized request (400); it logs nothing itself about it."""
+        logger.debug("bad request from %s: %s", self.peer, reason[:200])
+
+    def closed(self) -> None:
+        """The connection closed (a served one: `refusal` returned None); aiohttp has not let go of it yet."""
+
+    # -- services -----------------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """False once the connection has closed."""
+        return self.transport is not None
+
+    @property
+    def peer(self) -> Any:
+        """The client's address, for logs."""
+        return self.peername
+
+    def on_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when this connection closes (at once if it has); returns how to cancel that."""
+        if self.transport is None or self.transport.is_closing():
+            self._lost.fire()
+        return self._lost.add(callback)
+
+    def cut_after_response(self) -> None:
+        """Close the connection as soon as the current response is sent (no lingering read of the body)."""
+        self._cut_after_response = True
+
+    def close_now(self, farewell: bytes = b"") -> None:
+        """Send `farewell` (a whole raw HTTP response, for when no request object exists), then close at once."""
+        if farewell and self.transport is not None:
+            self.transport.write(farewell)
+        self.force_close()
+
+    # -- aiohttp's methods, calling the hooks ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        refusal = self.refusal()
+        if refusal is not None:
+            assert isinstance(transport, asyncio.WriteTransport)
+            transport.write(refusal)
+            transport.close()
+            return
+        self._served = True
+        self._idle = True
+        super().connection_made(transport)
+        self.opened()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._served:
+            # Refused: aiohttp never had it.
+            return
+        self._served = False
+        self._idle = False
+        self.closed()
+        self._lost.fire()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._idle and data:
+            self.receiving_request()
+        _data_received(self, data)
+
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        result = await _finish_response(self, request, resp, start_time)
+        if self._cut_after_response:
+            self.force_close()
+        else:
+            # Bytes still arriving for this body (aiohttp reads and drops them) are not the next request's.
+            request.content.on_eof(self._become_idle)
+        return result
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            self.bad_request(exc.message)
+            return
+        super().log_exception(*args, **kwargs)
+
+    def _become_idle(self) -> None:
+        self._idle = True
+
+
+class ServerArgs(NamedTuple):
+    """How aiohttp would make the app's server: what `Server` is made from (opaque outside this module)."""
+
+    handler: _AppHandler
+    request_factory: _RequestFactory
+    handler_cancellation: bool
+    protocol_kwargs: dict[str, Any]
+
+
+class Server(web.Server):
+    """aiohttp's low-level server, making `connection_class` connections and telling each when a request starts."""
+
+    connection_class: ClassVar[type[Connection]] = Connection
+
+    def __init__(self, args: ServerArgs) -> None:
+        super().__init__(
+            args.handler,
+            request_factory=self._start_request,
+            handler_cancellation=args.handler_cancellation,
+            **args.protocol_kwargs,
+        )
+        self._app_request_factory = args.request_factory
+        self._protocol_kwargs = args.protocol_kwargs
+        self._event_loop = asyncio.get_running_loop()
+
+    def __call__(self) -> RequestHandler:
+        return self.connection_class(self, loop=self._event_loop, **self._protocol_kwargs)
+
+    def _start_request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> BaseRequest:
+        # aiohttp calls this once a request's headers are parsed, just before handling it.
+        request = self._app_request_factory(message, payload, protocol, writer, task)
+        if isinstance(protocol, Connection):
+            protocol._idle = False
+            protocol.request_started(request)
+        return request
+
+
+class Runner(web.AppRunner):
+    """aiohttp's AppRunner (no signal handling), serving the app through `make_server`'s Server; the aiohttp
+    arguments for each connection (`keepalive_timeout`, `max_line_size`, ...) pass through."""
+
+    def __init__(
+        self, app: web.Application, *, shutdown_timeout: float, handler_cancellation: bool, **protocol_kwargs: Any
+    ) -> None:
+        super().__init__(
+            app,
+            handle_signals=False,
+            shutdown_timeout=shutdown_timeout,
+            handler_cancellation=handler_cancellation,
+            **protocol_kwargs,
+        )
+        self._handler_cancellation = handler_cancellation
+        self._protocol_kwargs = protocol_kwargs
+
+    def make_server(self, args: ServerArgs) -> Server:
+        """The server for the app, made once when the runner is set up."""
+        return Server(args)
+
+    async def _make_server(self) -> web.Server:
+        # AppRunner's server starts and freezes the app; only its handler and request factory are kept.
+        plain = await super()._make_server()
+        return self.make_server(
+            ServerArgs(plain.request_handler, plain.request_factory, self._handler_cancellation, self._protocol_kwargs)
+        )
+
+
+def connection_of(request: web.BaseRequest) -> Connection | None:
+    """The connection `request` came on; None when served by a plain aiohttp server (its test utilities)."""
+    protocol = request.protocol
+    return protocol if isinstance(protocol, Connection) else None
+
+
+def when_body_read(request: web.BaseRequest, callback: Callable[[], None]) -> None:
+    """Call `callback` once `request`'s body has been read to its end (at once if it has, or there is none)."""
+    request.content.on_eof(callback)

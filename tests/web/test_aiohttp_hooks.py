@@ -1,0 +1,283 @@
+"""The fence around aiohttp's internals (gatewayd/web/aiohttp_hooks.py): the aiohttp range it declares is the one
+pyproject.toml requires and the installed one is in it; each private attribute it relies on exists with the shape
+it expects; and over a real loopback connection each hook fires when it says. An aiohttp upgrade that breaks a hook
+fails here, by the hook's name."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import EmptyStreamReader, StreamReader
+from aiohttp.web_protocol import RequestHandler
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from gatewayd.web import aiohttp_hooks
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+# Bound on every wait for the server to answer or close.
+DEADLINE = 5.0
+
+
+# -- the declared range ------------------------------------------------------------------------------
+
+
+def test_pyproject_requires_exactly_the_range_the_fence_was_checked_against() -> None:
+    dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    requirements = [Requirement(text) for text in dependencies]
+    (aiohttp_requirement,) = [requirement for requirement in requirements if requirement.name == "aiohttp"]
+    assert aiohttp_requirement.specifier == SpecifierSet(aiohttp_hooks.TESTED)
+    # An upper bound: a new aiohttp is taken only once the fence has been checked against it.
+    assert any(spec.operator == "<" for spec in aiohttp_requirement.specifier)
+
+
+def test_the_installed_aiohttp_is_in_the_range() -> None:
+    assert Version(aiohttp.__version__) in SpecifierSet(aiohttp_hooks.TESTED), aiohttp.__version__
+
+
+# -- each private attribute, by name -----------------------------------------------------------------
+
+
+def parameters(function: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(function).parameters)
+
+
+def test_app_runner_make_server_is_the_coroutine_setup_awaits() -> None:
+    assert inspect.iscoroutinefunction(web.AppRunner._make_server)
+    assert list(parameters(web.AppRunner._make_server)) == ["self"]
+    # That setup() serves through it is seen below: the runner's server is the one make_server made.
+
+
+def test_server_takes_a_request_factory_and_handler_cancellation() -> None:
+    found = parameters(web.Server.__init__)
+    assert list(found)[:2] == ["self", "handler"]
+    for name in ("request_factory", "handler_cancellation"):
+        assert found[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+    assert any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in found.values())
+
+
+async def test_server_keeps_the_handler_and_request_factory_it_was_given() -> None:
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response()
+
+    server = web.Server(handler, handler_cancellation=False)
+    assert server.request_handler is handler
+    # The default factory: its arguments are the ones aiohttp calls a request factory with.
+    assert callable(server.request_factory)
+    assert list(parameters(server.request_factory)) == ["message", "payload", "protocol", "writer", "task"]
+
+
+def test_request_handler_methods_the_connection_overrides() -> None:
+    assert list(parameters(RequestHandler.__init__))[:2] == ["self", "manager"]
+    assert parameters(RequestHandler.__init__)["loop"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert list(parameters(RequestHandler.connection_made)) == ["self", "transport"]
+    assert list(parameters(RequestHandler.connection_lost)) == ["self", "exc"]
+    assert list(parameters(RequestHandler.data_received)) == ["self", "data"]
+    assert inspect.iscoroutinefunction(RequestHandler.finish_response)
+    assert list(parameters(RequestHandler.finish_response)) == ["self", "request", "resp", "start_time"]
+    assert [parameter.kind for parameter in parameters(RequestHandler.log_exception).values()] == [
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
+    ]
+    assert list(parameters(RequestHandler.force_close)) == ["self"]
+
+
+def test_request_handler_has_a_transport_and_the_attributes_the_connection_adds_are_free() -> None:
+    slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
+    assert "transport" in slots
+    added = {"_served", "_idle", "_cut_after_response", "_lost"}
+    assert not added & (slots | set(dir(RequestHandler)))
+
+
+def test_requests_know_their_protocol_and_bodies_report_their_end() -> None:
+    assert isinstance(inspect.getattr_static(web.BaseRequest, "protocol"), property)
+    for reader in (StreamReader, EmptyStreamReader):
+        assert list(parameters(reader.on_eof)) == ["self", "callback"]
+
+
+def test_parse_errors_carry_a_message() -> None:
+    assert HttpProcessingError(message="bad line").message == "bad line"
+
+
+# -- the hooks over a real connection --------------------------------------------------------------
+
+
+class Recording(aiohttp_hooks.Connection):
+    """Writes each hook's call into its server's log."""
+
+    def __init__(self, server: RecordingServer, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
+        super().__init__(server, loop=loop, **kwargs)
+        self.server = server
+
+    def refusal(self) -> bytes | None:
+        self.server.log.append("refusal")
+        return self.server.refuse_with
+
+    def opened(self) -> None:
+        self.server.log.append("opened")
+
+    def receiving_request(self) -> None:
+        self.server.log.append("receiving_request")
+
+    def request_started(self, request: web.BaseRequest) -> None:
+        self.server.log.append(f"request_started {request.path}")
+
+    def bad_request(self, reason: str) -> None:
+        self.server.log.append("bad_request")
+
+    def closed(self) -> None:
+        self.server.log.append("closed")
+        self.server.closed.set()
+
+
+class RecordingServer(aiohttp_hooks.Server):
+    connection_class = Recording
+
+    def __init__(self, args: aiohttp_hooks.ServerArgs) -> None:
+        super().__init__(args)
+        self.log: list[str] = []
+        self.refuse_with: bytes | None = None
+        self.closed = asyncio.Event()
+
+
+class RecordingRunner(aiohttp_hooks.Runner):
+    def make_server(self, args: aiohttp_hooks.ServerArgs) -> RecordingServer:
+        return RecordingServer(args)
+
+
+class Seen:
+    """What the handlers saw of their connection."""
+
+    def __init__(self) -> None:
+        self.connection: aiohttp_hooks.Connection | None = None
+        self.body_read = False
+        self.lost = asyncio.Event()
+
+    def read_to_the_end(self) -> None:
+        self.body_read = True
+
+
+async def serve(seen: Seen) -> tuple[RecordingRunner, int]:
+    async def echo(request: web.Request) -> web.Response:
+        seen.connection = aiohttp_hooks.connection_of(request)
+        assert seen.connection is not None and seen.connection.is_open
+        seen.connection.on_lost(seen.lost.set)
+        body = await request.read()
+        aiohttp_hooks.when_body_read(request, seen.read_to_the_end)
+        return web.Response(body=body)
+
+    async def cut(request: web.Request) -> web.Response:
+        connection = aiohttp_hooks.connection_of(request)
+        assert connection is not None
+        connection.cut_after_response()
+        return web.Response(text="bye")
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/cut", cut)
+    runner = RecordingRunner(app, shutdown_timeout=1.0, handler_cancellation=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, int(runner.addresses[0][1])
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[RecordingServer, int, Seen]]:
+    seen = Seen()
+    runner, port = await serve(seen)
+    server = runner.server
+    assert isinstance(server, RecordingServer)
+    try:
+        yield server, port, seen
+    finally:
+        await runner.cleanup()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    async with asyncio.timeout(DEADLINE):
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+        return int(lines[0].split(" ")[1]), await reader.readexactly(length)
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    async with asyncio.timeout(DEADLINE):
+        return await reader.read()
+
+
+async def test_hooks_fire_in_order_for_kept_alive_requests_and_the_close(
+    served: tuple[RecordingServer, int, Seen],
+) -> None:
+    server, port, seen = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for body in (b"hi", b"again"):
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert await read_response(reader) == (200, body)
+    assert isinstance(seen.connection, Recording) and seen.body_read
+    writer.close()
+    async with asyncio.timeout(DEADLINE):
+        await server.closed.wait()
+        await seen.lost.wait()
+    assert server.log == [
+        "refusal", "opened",
+        "receiving_request", "request_started /echo",
+        "receiving_request", "request_started /echo",
+        "closed",
+    ]
+    assert not seen.connection.is_open
+
+
+async def test_a_refused_connection_gets_the_refusal_and_nothing_else(
+    served: tuple[RecordingServer, int, Seen],
+) -> None:
+    server, port, _ = served
+    server.refuse_with = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await closed_by_server(reader) == server.refuse_with
+    writer.close()
+    assert server.log == ["refusal"]
+
+
+async def test_a_malformed_request_goes_to_bad_request(served: tuple[RecordingServer, int, Seen]) -> None:
+    server, port, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    # A header field over aiohttp's default 8190 bytes.
+    writer.write(b"GET /cut HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"x" * 9000 + b"\r\n\r\n")
+    status, _ = await read_response(reader)
+    assert status == 400
+    await closed_by_server(reader)
+    writer.close()
+    assert "bad_request" in server.log
+
+
+async def test_cut_after_response_closes_once_the_response_is_sent(served: tuple[RecordingServer, int, Seen]) -> None:
+    _, port, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /cut HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert await read_response(reader) == (200, b"bye")
+    assert await closed_by_server(reader) == b""
+    writer.close()
+
+
+async def test_close_now_sends_its_farewell_then_closes(served: tuple[RecordingServer, int, Seen]) -> None:
+    server, port, seen = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n!")
+    assert await read_response(reader) == (200, b"!")
+    assert seen.connection is not None
+    seen.connection.close_now(b"farewell")
+    assert await closed_by_server(reader) == b"farewell"
+    writer.close()
+    async with asyncio.timeout(DEADLINE):
+        await server.closed.wait()
