@@ -30,7 +30,7 @@ from typing import Any
 import gatewayd
 from bench.wire import SERVER_NAME
 from gatewayd.config.edit import set_client_token
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 
 # Time for a server to log that it listens; generous for a loaded 2-core machine.
 START_DEADLINE = 20.0

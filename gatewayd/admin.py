@@ -32,7 +32,9 @@ from aiohttp import web
 from gatewayd import __version__, approvals, metrics
 from gatewayd.errors import GatewayError
 from gatewayd.reloader import Reloader
-from gatewayd.web.mcp_http import WebState
+from gatewayd.state import DaemonState
+from gatewayd.web import answers
+from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,6 @@ CLIENT_TIMEOUT = 30.0
 # Probing whether an existing socket belongs to a live daemon.
 PROBE_TIMEOUT = 1.0
 
-STATE = web.AppKey("state", WebState)
 RELOADER = web.AppKey("reloader", Reloader)
 STARTED = web.AppKey("started", float)
 
@@ -56,7 +57,7 @@ class AdminUnavailable(Exception):
 # -- server ----------------------------------------------------------------------------------
 
 
-def create_app(state: WebState, reloader: Reloader) -> web.Application:
+def create_app(state: DaemonState, reloader: Reloader) -> web.Application:
     """The admin application."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
@@ -119,21 +120,21 @@ def peer(request: web.Request) -> str:
 
 async def _status(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    gateway, sessions = state.gateway, state.sessions
-    servers = {name: server.status() for name, server in sorted(gateway.pool.servers.items())}
+    sessions, registry = state.sessions, state.approvals
+    servers = {name: server.status() for name, server in sorted(state.generation.servers.items())}
     return web.json_response({
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
         "config": await request.app[RELOADER].status(), "servers": servers,
-        "retiring": [server.status() for server in gateway.pool.retiring],
+        "retiring": [server.status() for server in state.pool.retiring],
         "sessions": len(sessions), "session_list": [session.view() for session in sessions.all()],
-        "pending_approvals": len(gateway.approvals),
-        "approvals": [approval.view() for approval in gateway.approvals.pending()],
-        "audit": gateway.audit.status(),
+        "pending_approvals": len(registry),
+        "approvals": [approval.view() for approval in registry.pending()],
+        "audit": state.audit.status(),
     })
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    render = request.app[STATE].metrics
+    render = request.app[STATE].metrics_text
     if render is None:
         return web.Response(status=503, text="metrics are not wired\n")
     return web.Response(body=(await render()).encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
@@ -146,7 +147,7 @@ async def _reload(request: web.Request) -> web.Response:
 
 async def _restart(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    server = request.app[STATE].gateway.pool.get(name)
+    server = request.app[STATE].generation.servers.get(name)
     if server is None:
         return web.json_response({"ok": False, "message": f"no tool server {name!r}"}, status=404)
     logger.info("server=%s restarted by %s", name, peer(request))
@@ -158,14 +159,14 @@ async def _restart(request: web.Request) -> web.Response:
 
 
 async def _approvals(request: web.Request) -> web.Response:
-    registry = request.app[STATE].gateway.approvals
+    registry = request.app[STATE].approvals
     return web.json_response({"approvals": [approval.view() for approval in registry.pending()],
                               "standing": [item.view() for item in registry.standing()]})
 
 
 async def _revoke(request: web.Request) -> web.Response:
     approval_id = request.match_info["id"]
-    if not request.app[STATE].gateway.approvals.revoke(approval_id):
+    if not request.app[STATE].approvals.revoke(approval_id):
         return web.json_response({"ok": False, "message": f"no standing approval {approval_id!r}"}, status=404)
     logger.info("operator %s revoked standing approval %s", peer(request), approval_id)
     return web.json_response({"ok": True, "message": f"approval {approval_id} no longer allows anything again"})
@@ -178,13 +179,12 @@ async def _decide(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from exc
     by = f"operator {peer(request)} (gatewayctl)"
-    answer = request.app[STATE].gateway.approvals.decide(
+    answer = request.app[STATE].approvals.decide(
         request.match_info["id"], approve=approve, by=by, channel=approvals.CLI, reason=reason, allow_again_for=again)
     if answer.ok:
         logger.info("%s: %s", by, answer.message)
-    status = 200 if answer.ok else 404 if answer.approval is None else 409
-    view = answer.approval.view() if answer.approval is not None else None
-    return web.json_response({"ok": answer.ok, "message": answer.message, "approval": view}, status=status)
+    status, body = answers.reported(answer)
+    return web.json_response(body, status=status)
 
 
 async def _body(request: web.Request) -> Any:

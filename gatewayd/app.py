@@ -1,63 +1,160 @@
-"""Composition root: load config → pool → gateway → HTTP; wait for a signal; ordered shutdown.
+"""Composition root: the `Daemon` — built from settings and a config, started, stopped — and `serve`.
 
-Owns the daemon's lifetime and the order things start and stop in. Shutdown: stop
-accepting, end session streams, let calls in flight finish (bounded by `shutdown_grace`),
-then stop every tool server with the full escalation, so no child outlives the daemon.
+Owns wiring the daemon's parts together (state.py holds them), the order they start in, and the
+order they stop in: stop accepting (the TCP listener and the admin socket), end session streams,
+let calls in flight finish (bounded by `shutdown_grace`), close connections, then stop every tool
+server with the full escalation, so no child outlives the daemon; the audit log closes last.
+`serve` adds what belongs to the process: signals, systemd, and freezing the start-up heap. The
+in-process test stack runs the very same `Daemon`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from gatewayd import admin, systemd
+from gatewayd.approvals import Approvals
 from gatewayd.audit import AuditLog
+from gatewayd.catalog import Catalog, tell_tools_changed
 from gatewayd.config.loader import Snapshot, load_snapshot
+from gatewayd.confirmation import ConfirmationGate
 from gatewayd.gateway import Gateway
+from gatewayd.generation import Generation
+from gatewayd.inflight import Inflight
+from gatewayd.metrics import Metrics
+from gatewayd.records import Records
 from gatewayd.reloader import Reloader
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
+from gatewayd.state import DaemonState
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import State
 from gatewayd.web import console
 from gatewayd.web.app import MCP_PATH, create_app
-from gatewayd.web.auth import TokenTable
 from gatewayd.web.limits import ConnectionLimits, LimitedRunner
-from gatewayd.web.mcp_http import WebState
 
 logger = logging.getLogger(__name__)
 
 
-def _bound_port(runner: web.AppRunner) -> int:
-    address = runner.addresses[0]
-    return int(address[1])
+class Daemon:
+    """gatewayd in one object: `start()` listens and starts the background work, `stop()` ends it all in order.
+
+    Construction wires everything for the config the daemon starts with (ConfigInvalid if it is bad) and
+    starts nothing.
+    """
+
+    def __init__(self, settings: Settings, snapshot: Snapshot | None = None) -> None:
+        self.settings = settings
+        self.state = _build(settings, snapshot if snapshot is not None else load_snapshot(settings.config_dir))
+        self.reloader = Reloader(self.state, settings.reload_drain)
+        _observe(self.state, self.reloader)
+        self.url = ""
+        self._runner = make_runner(self.state)
+        self._site: web.TCPSite | None = None
+        self._serving = False
+        self._stopped = False
+        self._admin = AdminSocket(self.state, self.reloader)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: asyncio.Task[None] | None = None
+        # Set when background work the daemon cannot do without ends with an error: `serve` stops then.
+        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    async def start(self) -> str:
+        """Open the audit log, listen on HTTP and on the admin socket, start the background work; the URL."""
+        settings, state = self.settings, self.state
+        await state.audit.start()
+        await self._runner.setup()
+        self._serving = True
+        self._site = web.TCPSite(self._runner, settings.host, settings.port, reuse_address=True)
+        await self._site.start()
+        port = int(self._runner.addresses[0][1])
+        _listen_on(state, port)
+        self.url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
+        await self._admin.start(settings)
+        self._spawn(state.pool.start_eager(state.generation.servers), "eager-start")
+        self._spawn(self.reloader.serve_requests(), "reload-requests")
+        interval = systemd.watchdog_interval()
+        if interval is not None:
+            logger.info("systemd watchdog: pinging every %.3gs", interval)
+            self._spawn(systemd.watchdog(interval), "watchdog")
+        if settings.watch_config:
+            self._watcher = self._spawn(self.reloader.watch(), "config-watch")
+        logger.info("listening on %s (%d tool servers, %d clients)", self.url, len(state.generation.servers),
+                    len(state.generation.snapshot.clients))
+        return self.url
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.append(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not self.failed.done():
+            logger.error("%s failed: %r", task.get_name(), error)
+            self.failed.set_result(error)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, end session streams, give calls in flight `grace` seconds (default: the setting
+        `shutdown_grace`), close connections, stop every child."""
+        if self._stopped:
+            return
+        self._stopped = True
+        state = self.state
+        if self._watcher is not None:
+            await self.reloader.stop_watching(self._watcher)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            if self._site is not None:
+                await self._site.stop()
+            await self._admin.stop()
+            state.sessions.broadcast_close()
+            # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
+            await state.inflight.drain(self.settings.shutdown_grace if grace is None else grace)
+            if self._serving:
+                await self._runner.cleanup()
+        finally:
+            await state.pool.stop_all(state.generation.servers)
+            # Last, so the outcomes of calls that finished while draining are written.
+            await state.audit.close()
+        logger.info("stopped")
 
 
-def build(settings: Settings, snapshot: Snapshot) -> WebState:
-    """Wire pool, gateway, sessions and tokens for one snapshot; nothing is started yet."""
+def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
+    """Wire the parts for the first generation of `snapshot`; nothing is started yet."""
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout)
-    pool = Pool(snapshot, on_tools_changed=lambda name: gateway.tools_changed(name))
-    gateway = Gateway(pool, settings.tool_name_separator, sessions, AuditLog(settings.audit_file()))
-    return WebState(settings, gateway, sessions, TokenTable(snapshot))
+    pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name))
+    audit_log = AuditLog(settings.audit_file())
+    metrics, registry, inflight = Metrics(), Approvals(), Inflight()
+    records = Records(audit_log, metrics)
+    gateway = Gateway(Catalog(settings.tool_name_separator), records, ConfirmationGate(registry, records), inflight)
+    state = DaemonState(settings, Generation.first(snapshot, pool), pool, gateway, sessions, registry, inflight,
+                        audit_log, metrics)
+    return state
 
 
-def observe(state: WebState, reloader: Reloader) -> None:
+def _observe(state: DaemonState, reloader: Reloader) -> None:
     """Wire the metrics: gauges read from their owners at each scrape, served by /metrics and the admin socket."""
-    gateway = state.gateway
 
     def gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
-        servers = list(gateway.pool.servers.values())
+        servers = list(state.generation.servers.values())
         for name in State:
             yield ("gatewayd_servers", "Tool servers by state.", {"state": name.value},
                    sum(1 for server in servers if server.state is name))
-        children = [s for s in [*servers, *gateway.pool.retiring] if s.pid is not None]
+        children = [s for s in [*servers, *state.pool.retiring] if s.pid is not None]
         yield "gatewayd_children_running", "Tool server processes running (retiring ones too).", {}, len(children)
         for server in servers:
             yield ("gatewayd_server_restarts_total", "Restarts after a crash, by server.", {"server": server.name},
@@ -66,22 +163,22 @@ def observe(state: WebState, reloader: Reloader) -> None:
             yield ("gatewayd_server_calls_in_flight", "Calls running on each server.", {"server": server.name},
                    status["in_flight"])
         yield "gatewayd_sessions", "Open MCP sessions.", {}, len(state.sessions)
-        yield "gatewayd_pending_approvals", "Calls waiting for a person's confirmation.", {}, len(gateway.approvals)
+        yield "gatewayd_pending_approvals", "Calls waiting for a person's confirmation.", {}, len(state.approvals)
         yield "gatewayd_reloads_total", "Config reloads applied.", {}, reloader.reloads
         yield "gatewayd_reload_failures_total", "Config reloads refused (invalid config).", {}, reloader.failures
         yield "gatewayd_config_generation", "Generation of the running config.", {}, reloader.generation
         yield ("gatewayd_config_in_sync", "1 when the files on disk are the running config.", {},
                1 if reloader.in_sync else 0)
-        yield "gatewayd_audit_healthy", "1 while the audit log can be written.", {}, 1 if gateway.audit.healthy else 0
+        yield "gatewayd_audit_healthy", "1 while the audit log can be written.", {}, 1 if state.audit.healthy else 0
         yield from _collector_gauges()
 
-    gateway.metrics.add_gauges(gauges)
+    state.metrics.add_gauges(gauges)
 
     async def text() -> str:
         await reloader.check_sync()
-        return gateway.metrics.render()
+        return state.metrics.render()
 
-    state.metrics = text
+    state.metrics_text = text
 
 
 def _collector_gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
@@ -97,16 +194,16 @@ def _collector_gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
                labels, stats["collected"])
 
 
-def listen_on(state: WebState, port: int) -> None:
+def _listen_on(state: DaemonState, port: int) -> None:
     """Accept the Host and Origin values that belong to the port we actually listen on; say where the approval
     page is."""
     state.hosts = frozenset(state.settings.hosts(port))
     state.origins = frozenset(state.settings.origins(port))
     if state.settings.approval_page:
-        state.gateway.approval_url = f"http://{_url_host(state.settings.host)}:{port}{console.PAGE_PATH}"
+        state.gateway.gate.approval_url = f"http://{_url_host(state.settings.host)}:{port}{console.PAGE_PATH}"
 
 
-def make_runner(state: WebState) -> web.AppRunner:
+def make_runner(state: DaemonState) -> web.AppRunner:
     """The aiohttp runner, with the connection limits (limits.py) and aiohttp's own header limits. Handlers
     are not cancelled when a client goes away: a dropped SSE stream is not a cancellation in MCP 2025, and
     calls end by their own deadlines."""
@@ -119,77 +216,50 @@ def make_runner(state: WebState) -> web.AppRunner:
 
 async def serve(settings: Settings, on_ready: Callable[[str], None] | None = None) -> None:
     """Run the daemon until SIGTERM or SIGINT. Raises ConfigInvalid before listening if the config is bad."""
-    snapshot = load_snapshot(settings.config_dir)
-    state = build(settings, snapshot)
-    pool, sessions, audit_log = state.gateway.pool, state.sessions, state.gateway.audit
-    await audit_log.start()
-    runner = make_runner(state)
-    await runner.setup()
-    reloader = Reloader(state, snapshot, settings.reload_drain)
-    observe(state, reloader)
-    admin_runner = AdminSocket(state, reloader)
+    daemon = Daemon(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # Log rotation: rename the audit file, then SIGUSR1 makes the daemon write to a new one.
-    loop.add_signal_handler(signal.SIGUSR1, audit_log.reopen)
-    loop.add_signal_handler(signal.SIGHUP, reloader.request, "SIGHUP")
+    loop.add_signal_handler(signal.SIGUSR1, daemon.state.audit.reopen)
+    loop.add_signal_handler(signal.SIGHUP, daemon.reloader.request, "SIGHUP")
     try:
-        site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
-        await site.start()
-        port = _bound_port(runner)
-        listen_on(state, port)
-        url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
-        await admin_runner.start(settings)
+        url = await daemon.start()
         # What start-up made (imports, config, the app: ~50,000 objects, none garbage) lives as long as the daemon.
         # Out of the cyclic collector's sight, a full run of it under load takes ~0.5 ms instead of ~15 ms, a
         # stall of every call in flight.
         gc.freeze()
-        logger.info("listening on %s (%d tool servers, %d clients)", url, len(pool.servers), len(snapshot.clients))
         if on_ready is not None:
             on_ready(url)
-        systemd.notify("READY=1", f"STATUS=serving {url}: {len(pool.servers)} tool servers")
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(pool.start_eager(), name="eager-start")
-            background = [tasks.create_task(reloader.serve_requests(), name="reload-requests")]
-            watchdog = _start_watchdog(tasks)
-            if watchdog is not None:
-                background.append(watchdog)
-            watcher = tasks.create_task(reloader.watch(), name="config-watch") if settings.watch_config else None
-            await stop.wait()
-            logger.info("stopping")
-            systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")
-            if watcher is not None:
-                await reloader.stop_watching(watcher)
-            for task in background:
-                task.cancel()
+        systemd.notify("READY=1", f"STATUS=serving {url}: {len(daemon.state.generation.servers)} tool servers")
+        failed = await _first(stop.wait(), daemon.failed)
+        logger.info("stopping")
+        systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")
     finally:
-        await admin_runner.stop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
-        sessions.broadcast_close()
-        # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
-        await state.gateway.drain(settings.shutdown_grace)
-        await runner.cleanup()
-        await pool.stop_all()
-        # Last, so the outcomes of calls that finished while draining are written.
-        await audit_log.close()
-        logger.info("stopped")
+        await daemon.stop()
+    if isinstance(failed, BaseException):
+        raise failed
 
 
-def _start_watchdog(tasks: asyncio.TaskGroup) -> asyncio.Task[None] | None:
-    interval = systemd.watchdog_interval()
-    if interval is None:
-        return None
-    logger.info("systemd watchdog: pinging every %.3gs", interval)
-    return tasks.create_task(systemd.watchdog(interval), name="watchdog")
+async def _first(stopped: Coroutine[Any, Any, Any], failed: asyncio.Future[BaseException]) -> object:
+    """Wait for a stop signal or for background work to fail; the failure, if that came first."""
+    waiter = asyncio.ensure_future(stopped)
+    try:
+        await asyncio.wait([waiter, failed], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+    return failed.result() if failed.done() else None
 
 
 class AdminSocket:
     """The admin API's listener on its unix socket (admin.py), if the settings name one."""
 
-    def __init__(self, state: WebState, reloader: Reloader) -> None:
+    def __init__(self, state: DaemonState, reloader: Reloader) -> None:
         self._state = state
         self._reloader = reloader
         self._runner: web.AppRunner | None = None

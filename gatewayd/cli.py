@@ -31,7 +31,7 @@ from gatewayd.config.models import parse_duration
 from gatewayd.errors import ConfigError
 from gatewayd.explain import explain
 from gatewayd.settings import Settings, describe
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 
 EXIT_CONFIG = 2
 EXIT_USAGE = 64

@@ -2,7 +2,9 @@
 
 Every error a caller can see is a `GatewayError` subclass carrying its JSON-RPC code, an
 `error_type` and whether retrying may help. `to_wire()` is the single place that turns one
-into a JSON-RPC error object; the web layer turns `HttpError` into a status code.
+into a JSON-RPC error object; `refusal()` is the single place that turns a refusal made below
+the web layer (no token, too many sessions) into its HTTP answer, and the web layer turns
+`HttpError` into a status code.
 Errors a tool server returned itself travel as `UpstreamError`, verbatim.
 """
 
@@ -201,6 +203,33 @@ class HttpError(Exception):
         self.status = status
         self.reason = reason
         self.headers = headers or {}
+
+
+class Unauthenticated(Exception):
+    """No bearer token, a malformed one, or one nobody holds (tokens.py); HTTP 401 with a Bearer challenge."""
+
+    def __init__(self, reason: str, *, invalid_token: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.invalid_token = invalid_token
+
+
+class TooManySessions(Exception):
+    """Every MCP session slot is taken (sessions.py); HTTP 503, try again a little later."""
+
+
+# The realm a 401 names; a presented token that matched nobody is also told `error="invalid_token"` (RFC 6750).
+BEARER_CHALLENGE = 'Bearer realm="gatewayd"'
+# A client refused a session may try again this many seconds later: sessions end as clients leave or idle out.
+SESSIONS_RETRY_AFTER = 5
+
+
+def refusal(exc: Unauthenticated | TooManySessions) -> HttpError:
+    """The HTTP answer to a refusal made below the web layer."""
+    if isinstance(exc, Unauthenticated):
+        challenge = BEARER_CHALLENGE + (', error="invalid_token"' if exc.invalid_token else "")
+        return HttpError(401, exc.reason, {"WWW-Authenticate": challenge})
+    return HttpError(503, str(exc), {"Retry-After": str(SESSIONS_RETRY_AFTER)})
 
 
 class ConfigError(Exception):

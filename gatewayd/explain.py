@@ -12,6 +12,7 @@ from typing import Any
 
 from gatewayd.config.loader import Snapshot
 from gatewayd.policy import Decision, confirm_options, confirm_required, decide, principal_for
+from gatewayd.upstream.dialects import dialect_for
 
 
 def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Iterator[str]:
@@ -47,7 +48,11 @@ def _existence(snapshot: Snapshot, server: str, tool: str) -> Iterator[str]:
     config = snapshot.servers.get(server)
     if config is None:
         yield f"  note: no tool server {server!r} in tools.d, so the call would answer as an unknown method"
-    elif config.protocol == "jsonrpc" and tool not in config.methods:
+        return
+    dialect = dialect_for(server, config)
+    declared = dialect.declares(tool)
+    if declared is False:
         yield f"  note: {server}.toml declares no method {tool!r}, so the call would answer as an unknown method"
-    elif config.protocol == "mcp":
-        yield f"  note: {server} is an MCP server; whether it has a tool {tool!r} is known only once it runs"
+    elif declared is None:
+        yield (f"  note: {server} is an {dialect.protocol.upper()} server; whether it has a tool {tool!r} is known "
+               "only once it runs")

@@ -2,9 +2,10 @@
 
 Owns: the triggers (a change under `tools.d/` or `policies/` seen by watchfiles, SIGHUP, and
 `gatewayctl reload` on the admin socket), parsing and validating everything before anything
-changes, applying a valid config in one step of the event loop (tool servers via Pool.apply,
-tokens and policies, open sessions, calls waiting for approval), the config generation and
-digest, the result of the last reload, and telling systemd (RELOADING=1 … READY=1).
+changes, applying a valid config as one swap (build the next generation — tokens, policies and tool
+servers — then replace `state.generation`; then retire the old servers and tell open sessions and
+calls waiting for approval what changed for them), the result of the last reload, and telling
+systemd (RELOADING=1 … READY=1).
 
 An invalid config changes nothing: the running one stays, the errors are logged, kept for
 `gatewayctl status`, and returned to `gatewayctl reload`. An unchanged config is a no-op.
@@ -25,10 +26,11 @@ from typing import Any
 import watchfiles
 
 from gatewayd import policy, systemd
+from gatewayd.catalog import LIST_CHANGED
 from gatewayd.config.loader import POLICIES_DIR, TOOLS_DIR, ConfigInvalid, Snapshot, config_digest, load_snapshot
+from gatewayd.generation import Generation
+from gatewayd.state import DaemonState
 from gatewayd.upstream.pool import PoolDiff
-from gatewayd.web.auth import TokenTable
-from gatewayd.web.mcp_http import WebState
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +98,10 @@ class ReloadResult:
 
 
 class Reloader:
-    """The current snapshot and its generation, and the one way to replace them."""
+    """The one way to replace the running config generation."""
 
-    def __init__(self, state: WebState, snapshot: Snapshot, drain: float) -> None:
+    def __init__(self, state: DaemonState, drain: float) -> None:
         self.state = state
-        self.snapshot = snapshot
         self.drain = drain
         self.last: ReloadResult | None = None
         self.failures = 0
@@ -115,14 +116,19 @@ class Reloader:
         self._next_drift_check = 0.0
 
     @property
+    def snapshot(self) -> Snapshot:
+        """The running config."""
+        return self.state.generation.snapshot
+
+    @property
     def config_dir(self) -> Path:
         return self.snapshot.config_dir
 
     @property
     def generation(self) -> int:
-        """The running config's generation: 1 at start, one more per applied reload (the pool stamps its
-        servers with it)."""
-        return self.state.gateway.pool.generation
+        """The running config's generation: 1 at start, one more per applied reload (its servers carry it in
+        their log lines)."""
+        return self.state.generation.number
 
     @property
     def reloads(self) -> int:
@@ -168,40 +174,39 @@ class Reloader:
         return result
 
     def _apply(self, snapshot: Snapshot, trigger: str) -> ReloadResult:
-        """Switch everything to `snapshot` without yielding to the event loop: no request sees half of it."""
-        old = self.snapshot
+        """Build the next generation, swap it in (one reference: no request sees half of it), retire the old."""
         state = self.state
-        servers = state.gateway.pool.apply(snapshot, self.drain, self.generation + 1)
-        state.tokens = TokenTable(snapshot)
-        self.snapshot = snapshot
-        self._update_sessions(servers)
-        self._recheck_approvals()
-        return ReloadResult(True, trigger, self.generation, changed=True, servers=servers,
-                            clients=NamesDiff.between(old.clients, snapshot.clients),
-                            roles=NamesDiff.between(old.roles, snapshot.roles),
-                            operators=NamesDiff.between(old.operators, snapshot.operators),
-                            scrapers=NamesDiff.between(old.scrapers, snapshot.scrapers))
+        old = state.generation
+        new, servers = old.next(snapshot, state.pool)
+        state.generation = new
+        state.pool.switched(old.servers, new.servers, self.drain)
+        self._update_sessions(old, new, servers)
+        self._recheck_approvals(new)
+        return ReloadResult(True, trigger, new.number, changed=True, servers=servers,
+                            clients=NamesDiff.between(old.snapshot.clients, snapshot.clients),
+                            roles=NamesDiff.between(old.snapshot.roles, snapshot.roles),
+                            operators=NamesDiff.between(old.snapshot.operators, snapshot.operators),
+                            scrapers=NamesDiff.between(old.snapshot.scrapers, snapshot.scrapers))
 
-    def _update_sessions(self, servers: PoolDiff) -> None:
-        """Open sessions get their client's new grants at once; those whose tool list may differ are told."""
-        tokens = self.state.tokens
-        message = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
-        for session in self.state.sessions.all():
-            principal = tokens.principal(session.principal.name)
-            if principal is None:
-                logger.info("session of removed client %s ended by the reload", session.principal.name)
-                self.state.sessions.delete(session.id)
+    def _update_sessions(self, old: Generation, new: Generation, servers: PoolDiff) -> None:
+        """Sessions of removed clients end; those whose tool list may differ are told at once."""
+        sessions = self.state.sessions
+        for session in sessions.all():
+            before, after = old.principal(session.client), new.principal(session.client)
+            if after is None:
+                logger.info("session of removed client %s ended by the reload", session.client)
+                sessions.delete(session.id)
                 continue
-            old, session.principal = session.principal, principal
-            visible = any(policy.may_see_server(p, name) for p in (old, principal) for name in servers.touched)
-            if visible or old.grants != principal.grants:
-                session.push(message)
+            principals = [p for p in (before, after) if p is not None]
+            visible = any(policy.may_see_server(p, name) for p in principals for name in servers.touched)
+            if visible or before is None or before.grants != after.grants:
+                session.push(LIST_CHANGED)
 
-    def _recheck_approvals(self) -> None:
+    def _recheck_approvals(self, new: Generation) -> None:
         """A call waiting for approval whose permission the reload removed will never run."""
-        approvals = self.state.gateway.approvals
+        approvals = self.state.approvals
         for approval in approvals.pending():
-            principal = self.state.tokens.principal(approval.client)
+            principal = new.principal(approval.client)
             allowed = principal is not None and policy.decide(principal, approval.method, approval.arguments,
                                                              confirm_required=True).decision is not policy.Decision.DENY
             if not allowed:
@@ -224,7 +229,7 @@ class Reloader:
         }
 
     def _status_line(self) -> str:
-        servers = len(self.state.gateway.pool.servers)
+        servers = len(self.state.generation.servers)
         if self.last is not None and not self.last.ok:
             return f"generation {self.generation}, {servers} tool servers; last reload FAILED"
         return f"generation {self.generation}, {servers} tool servers"

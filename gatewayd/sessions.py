@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatewayd.errors import HttpError
+from gatewayd.errors import TooManySessions
 from gatewayd.once import Once
-from gatewayd.policy import Principal
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +35,11 @@ LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert"
 
 @dataclass
 class Session:
-    """One MCP client session, owned by the client (principal) that created it."""
+    """One MCP client session, owned by the client that created it. It holds the client's name, not its grants:
+    each request authenticates afresh against the config generation current when it begins."""
 
     id: str
-    principal: Principal
+    client: str
     protocol_version: str
     capabilities: dict[str, Any]
     client_info: dict[str, Any]
@@ -71,7 +71,7 @@ class Session:
         """What operators see of a session (gatewayctl status): never the whole id."""
         now = time.monotonic()
         name = self.client_info.get("name")
-        return {"id": self.id[:SESSION_ID_SHOWN], "client": self.principal.name, "version": self.protocol_version,
+        return {"id": self.id[:SESSION_ID_SHOWN], "client": self.client, "version": self.protocol_version,
                 "client_info": str(name)[:64] if name is not None else None, "age_s": round(now - self.created, 1),
                 "idle_s": round(now - self.last_used, 1), "stream_open": self.stream_open}
 
@@ -113,28 +113,28 @@ class Sessions:
         """Every live session."""
         return list(self._by_id.values())
 
-    def create(self, principal: Principal, params: dict[str, Any]) -> Session:
-        """A new session for an `initialize` request. Raises HttpError(503) when at the limit."""
+    def create(self, client: str, params: dict[str, Any]) -> Session:
+        """A new session of `client` for an `initialize` request. Raises TooManySessions when at the limit."""
         self.expire()
         if len(self._by_id) >= self.max_sessions:
-            raise HttpError(503, "too many MCP sessions", {"Retry-After": "5"})
+            raise TooManySessions("too many MCP sessions")
         capabilities = params.get("capabilities")
         client_info = params.get("clientInfo")
         session = Session(
             id=secrets.token_urlsafe(SESSION_ID_BYTES),
-            principal=principal,
+            client=client,
             protocol_version=negotiate(params.get("protocolVersion")),
             capabilities=capabilities if isinstance(capabilities, dict) else {},
             client_info=client_info if isinstance(client_info, dict) else {},
         )
         self._by_id[session.id] = session
-        logger.info("session created for client=%s (%s, %d live)", principal.name, session.protocol_version, len(self))
+        logger.info("session created for client=%s (%s, %d live)", client, session.protocol_version, len(self))
         return session
 
-    def get(self, session_id: str, principal: str) -> Session | None:
-        """The session, if it exists and belongs to `principal`; another client's id is as good as unknown."""
+    def get(self, session_id: str, client: str) -> Session | None:
+        """The session, if it exists and belongs to `client`; another client's id is as good as unknown."""
         session = self._by_id.get(session_id)
-        if session is None or session.principal.name != principal:
+        if session is None or session.client != client:
             return None
         session.last_used = time.monotonic()
         return session

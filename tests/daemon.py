@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from gatewayd.config.edit import set_client_token
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 
 REPO = Path(__file__).resolve().parent.parent
 FAULTSRV = REPO / "tests" / "fixtures" / "faultsrv.py"

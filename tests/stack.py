@@ -1,7 +1,7 @@
 """The daemon's whole HTTP stack in-process on a real loopback socket, for fast web tests.
 
-Same wiring and the same aiohttp runner as the daemon (`gatewayd.app.build`, `make_runner`);
-only the process boundary is missing. Children are still real processes.
+The very `gatewayd.app.Daemon` that `gatewayd` runs, started and stopped the same way; only the
+process boundary (signals, systemd) is missing. Children are still real processes.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-from gatewayd.app import AdminSocket, build, listen_on, make_runner, observe
-from gatewayd.config.loader import load_snapshot
-from gatewayd.reloader import Reloader
+from gatewayd.app import Daemon
 from gatewayd.settings import Settings
-from gatewayd.web.mcp_http import WebState
+from gatewayd.state import DaemonState
 
 # Bound on any one request a test makes.
 REQUEST_TIMEOUT = 60
@@ -43,29 +40,24 @@ class LocalClient:
 
 
 @asynccontextmanager
-async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, WebState]]:
-    """A client talking to a full in-process gateway on `config_dir` (admin socket included, at
-    `state.settings.admin_socket_path()`); stops its children after."""
-    snapshot = load_snapshot(config_dir)
-    state = build(Settings(config_dir=config_dir, **settings), snapshot)
-    await state.gateway.audit.start()
-    runner = make_runner(state)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = int(runner.addresses[0][1])
-    listen_on(state, port)
-    reloader = Reloader(state, snapshot, state.settings.reload_drain)
-    observe(state, reloader)
-    admin_socket = AdminSocket(state, reloader)
-    await admin_socket.start(state.settings)
-    client = LocalClient(port)
+async def running_daemon(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, Daemon]]:
+    """A client talking to a full in-process daemon on `config_dir` (admin socket included, at
+    `daemon.settings.admin_socket_path()`), on a free loopback port; stopped after. The config is not
+    watched unless `watch_config=True` is given: tests reload when they mean to."""
+    settings.setdefault("watch_config", False)
+    daemon = Daemon(Settings(config_dir=config_dir, host="127.0.0.1", port=0, **settings))
+    url = await daemon.start()
+    client = LocalClient(int(url.rsplit(":", 1)[1].split("/", 1)[0]))
     try:
-        yield client, state
+        yield client, daemon
     finally:
-        await admin_socket.stop()
         await client.session.close()
-        await state.gateway.drain(0)
-        await runner.cleanup()
-        await state.gateway.pool.stop_all()
-        await state.gateway.audit.close()
+        # Calls a test leaves running are not waited for.
+        await daemon.stop(grace=0)
+
+
+@asynccontextmanager
+async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tuple[LocalClient, DaemonState]]:
+    """`running_daemon`, for tests that need only the daemon's state."""
+    async with running_daemon(config_dir, **settings) as (client, daemon):
+        yield client, daemon.state

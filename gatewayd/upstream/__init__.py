@@ -1,1 +1,3 @@
-"""Supervised stdio tool servers: one connection per child, one server per config file, the pool of all."""
+"""Supervised stdio tool servers: what the gateway needs of one (api.py), how each protocol is spoken
+(dialects.py), the child process (process.py) and the JSON-RPC peer on its pipes (peer.py, joined in
+connection.py), one server per config file (server.py), and every server's life (pool.py)."""

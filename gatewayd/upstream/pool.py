@@ -1,17 +1,19 @@
-"""All tool servers by name: build them from a Snapshot, apply a new one, start the eager ones, stop them all.
+"""All tool servers' lives: build a generation's servers from a Snapshot, retire replaced ones, stop them all.
 
-Owns the mapping name → ToolServer, whole-pool start/stop, and applying a reloaded config:
-unchanged servers are kept as they are (same child), added ones appear, and removed or changed
-ones are retired — no new calls, calls in flight drain up to a deadline, then the old child
-stops — while new calls of a changed server go to a new one at once. Does not own any single
-server's lifecycle (server.py) or deciding when to reload (reloader.py).
+Owns making the name → ToolServer table of each config generation (generation.py holds it):
+unchanged servers are kept as they are (same child), added and changed ones are new; once a
+reload has swapped generations, removed or changed servers are retired — no new calls, calls
+in flight drain up to a deadline, then the old child stops — while new calls of a changed
+server go to its new one at once. Also starting the eager servers, and stopping every child,
+current and retiring, at shutdown. Does not own any single server's lifecycle (server.py),
+which table is current (generation.py) or deciding when to reload (reloader.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gatewayd.config.loader import Snapshot
@@ -36,53 +38,46 @@ class PoolDiff:
 
 
 class Pool:
-    """The tool servers of the current snapshot, and the retired ones still draining."""
+    """The life of every tool server: a generation's table built, replaced servers retired, all stopped."""
 
-    def __init__(self, snapshot: Snapshot, on_tools_changed: Callable[[str], None] | None = None) -> None:
+    def __init__(self, on_tools_changed: Callable[[str], None] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
-        self.generation = 1
-        self.servers: dict[str, ToolServer] = {
-            name: self._make(name, snapshot) for name, config in sorted(snapshot.servers.items())
-        }
         # Retired servers and the task draining each; owned here so shutdown can stop them too.
         self._retiring: dict[ToolServer, asyncio.Task[None]] = {}
         self._starting: set[asyncio.Task[None]] = set()
 
-    def _make(self, name: str, snapshot: Snapshot) -> ToolServer:
-        return ToolServer(name, snapshot.servers[name], snapshot.config_dir, self._on_tools_changed,
-                          self.generation)
-
-    def get(self, name: str) -> ToolServer | None:
-        """The server called `name`, if configured."""
-        return self.servers.get(name)
-
-    def apply(self, snapshot: Snapshot, drain: float, generation: int) -> PoolDiff:
-        """Switch to `snapshot` (config `generation`) at once; retire the old servers in the background (see the
-        module doc)."""
-        self.generation = generation
+    def build(
+        self, snapshot: Snapshot, generation: int, previous: Mapping[str, ToolServer] | None = None
+    ) -> tuple[dict[str, ToolServer], PoolDiff]:
+        """The servers of config `generation`: those of `previous` whose config is unchanged (same child), new ones
+        for the rest. Nothing starts or stops here."""
+        previous = previous or {}
         diff = PoolDiff()
         servers: dict[str, ToolServer] = {}
         for name, config in sorted(snapshot.servers.items()):
-            old = self.servers.get(name)
+            old = previous.get(name)
             if old is not None and old.config == config and old.config_dir == snapshot.config_dir:
                 servers[name] = old
                 diff.unchanged.append(name)
                 continue
-            servers[name] = self._make(name, snapshot)
+            servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation)
             (diff.changed if old is not None else diff.added).append(name)
-            if old is not None:
-                self._retire(old, "was changed by a config reload", drain)
-        for name, old in self.servers.items():
-            if name not in servers:
-                diff.removed.append(name)
-                self._retire(old, "was removed by a config reload", drain)
-        self.servers = servers
-        fresh = [servers[name] for name in diff.added + diff.changed if servers[name].config.start == "eager"]
+        diff.removed.extend(name for name in previous if name not in servers)
+        return servers, diff
+
+    def switched(self, previous: Mapping[str, ToolServer], current: Mapping[str, ToolServer], drain: float) -> None:
+        """After a reload swapped `previous` for `current`: retire the servers no longer current in the background
+        (see the module doc) and start the new eager ones."""
+        for name, old in previous.items():
+            if current.get(name) is not old:
+                why = "was changed by a config reload" if name in current else "was removed by a config reload"
+                self._retire(old, why, drain)
+        fresh = [server for name, server in current.items()
+                 if previous.get(name) is not server and server.config.start == "eager"]
         if fresh:
             task = asyncio.create_task(self._start(fresh), name="eager-start-after-reload")
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
-        return diff
 
     def _retire(self, server: ToolServer, why: str, drain: float) -> None:
         task = asyncio.create_task(server.retire(why, drain), name=f"{server.name}-retire")
@@ -94,9 +89,9 @@ class Pool:
         """Servers a reload replaced or removed that are still draining."""
         return list(self._retiring)
 
-    async def start_eager(self) -> None:
+    async def start_eager(self, servers: Mapping[str, ToolServer]) -> None:
         """Start every `start = "eager"` server; one that fails is logged and retried on its first call."""
-        await self._start([server for server in self.servers.values() if server.config.start == "eager"])
+        await self._start([server for server in servers.values() if server.config.start == "eager"])
 
     async def _start(self, servers: list[ToolServer]) -> None:
         results = await asyncio.gather(*(server.ensure_running() for server in servers), return_exceptions=True)
@@ -104,11 +99,11 @@ class Pool:
             if isinstance(result, BaseException):
                 logger.warning("server=%s eager start failed: %s", server.tag, result)
 
-    async def stop_all(self) -> None:
+    async def stop_all(self, current: Mapping[str, ToolServer]) -> None:
         """Stop every child, current and retiring, concurrently; each stop is bounded by its own escalation."""
         retiring = list(self._retiring)
         tasks = [*self._starting, *self._retiring.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(server.stop() for server in [*self.servers.values(), *retiring]))
+        await asyncio.gather(*(server.stop() for server in [*current.values(), *retiring]))

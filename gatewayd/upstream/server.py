@@ -1,10 +1,12 @@
-"""One tool server: lifecycle, lazy start, MCP handshake, tool catalog, admission, idle stop, restart backoff.
+"""One tool server: lifecycle, lazy start, tool cache, admission, idle stop, restart backoff.
 
 Owns the state machine of one `tools.d/<name>.toml` entry and at most one live Connection
-to its child. Concurrent first calls share one start. A crash fails the calls in flight
-(connection.py) and delays the next start by an exponential backoff; too many crashes in
-a window leave the server `failed` until its config changes or an admin restarts it.
-Does not own routing or policy (gateway.py) or the set of servers (pool.py).
+to its child, and implements the gateway's `Upstream` interface (api.py) over it, speaking
+the server's dialect (dialects.py). Concurrent first calls share one start. A crash fails
+the calls in flight (connection.py) and delays the next start by an exponential backoff;
+too many crashes in a window leave the server `failed` until its config changes or an
+admin restarts it. Does not own routing or policy (gateway.py), what a protocol says on
+the wire (dialects.py) or the set of servers (pool.py).
 """
 
 from __future__ import annotations
@@ -16,11 +18,9 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatewayd import __version__
 from gatewayd.config.models import ServerConfig
 from gatewayd.deadlines import Deadlines
 from gatewayd.errors import (
@@ -28,19 +28,16 @@ from gatewayd.errors import (
     Overloaded,
     ToolServerFailed,
     ToolServerUnavailable,
-    UpstreamError,
 )
-from gatewayd.upstream.connection import Connection, EventSink
+from gatewayd.upstream.api import EventSink, ToolDef
+from gatewayd.upstream.connection import Connection
+from gatewayd.upstream.dialects import dialect_for
 
 logger = logging.getLogger(__name__)
 
-# The MCP version the gateway offers its tool servers; it accepts whatever they answer.
-UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
 # First restart delay after a crash; doubles per crash in the window, capped below.
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 30.0
-# A `tools/list` that pages forever is cut off here.
-MAX_TOOL_PAGES = 100
 # Shortest idle re-check, so a timer that fires a hair early does not spin.
 IDLE_MIN_WAIT = 0.01
 
@@ -55,19 +52,9 @@ class State(enum.StrEnum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True)
-class ToolDef:
-    """One tool (MCP) or declared method (plain JSON-RPC) of a server."""
-
-    method: str
-    description: str
-    input_schema: dict[str, Any]
-    # The server's own MCP tool object, passed to agents verbatim except for its name.
-    raw: dict[str, Any] | None = None
-
-
 class ToolServer:
-    """A tool server by name. Start it with `ensure_running`, call through `call`/`call_tool`, end with `stop`."""
+    """A tool server by name. Start it with `ensure_running`, call through `call_tool`/`call_method`, end with
+    `stop`."""
 
     def __init__(
         self,
@@ -82,6 +69,7 @@ class ToolServer:
         # old child drains beside the new one.
         self.tag = f"{name} gen={generation}"
         self.config = config
+        self.dialect = dialect_for(name, config)
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed
         self.state = State.STOPPED
@@ -153,6 +141,7 @@ class ToolServer:
             env=self.config.env,
             cwd=str(self.config_dir / self.config.cwd) if self.config.cwd else None,
             on_notification=self._on_notification,
+            on_request=self.dialect.on_request,
             on_activity=self._touch,
             on_exit=self._after_exit,
             tag=self.tag,
@@ -160,8 +149,9 @@ class ToolServer:
         )
         try:
             await conn.open()
-            if self.config.protocol == "mcp":
-                await self._handshake(conn)
+            tools = await self.dialect.handshake(conn, self.tag)
+            if tools is not None:
+                self._set_tools(tools)
         except GatewayError as exc:
             await self._start_failed(conn, exc)
             raise
@@ -177,47 +167,6 @@ class ToolServer:
         info = await conn.close()
         self.last_exit = info.describe()
         self._record_crash()
-
-    async def _handshake(self, conn: Connection) -> None:
-        timeout = self.config.startup_timeout
-        try:
-            result = await conn.call(
-                "initialize",
-                {
-                    "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
-                    "capabilities": {},
-                    "clientInfo": {"name": "gatewayd", "version": __version__},
-                },
-                timeout=timeout,
-            )
-            await conn.notify("notifications/initialized")
-            self._set_tools(await self._fetch_tools(conn))
-        except UpstreamError as exc:
-            raise ToolServerUnavailable(
-                f"tool server {self.name!r} refused the MCP handshake: {exc.message}", {"server": self.name}
-            ) from exc
-        version = result.get("protocolVersion") if isinstance(result, dict) else "?"
-        logger.info("server=%s pid=%d ready: protocol %s, %d tools", self.tag, conn.pid, version,
-                    len(self._tool_names))
-
-    async def _fetch_tools(self, conn: Connection) -> list[ToolDef]:
-        tools: list[ToolDef] = []
-        cursor: Any = None
-        for _ in range(MAX_TOOL_PAGES):
-            params = {"cursor": cursor} if cursor is not None else {}
-            try:
-                page = await conn.call("tools/list", params, timeout=self.config.startup_timeout)
-            except UpstreamError as exc:
-                # A server without the tools capability has nothing to list; that is not a failure.
-                logger.info("server=%s tools/list refused: %s", self.tag, exc.message)
-                break
-            if not isinstance(page, dict):
-                break
-            tools.extend(_tool_def(item) for item in page.get("tools", []) if _valid_tool(item))
-            cursor = page.get("nextCursor")
-            if not cursor:
-                break
-        return tools
 
     async def _watch(self, conn: Connection) -> None:
         """Stops the running child after `idle_timeout` of silence; ends when the child exits."""
@@ -370,70 +319,73 @@ class ToolServer:
         finally:
             self._busy(0, -1)
 
-    async def call(
-        self, method: str, params: Any, *, on_event: EventSink | None = None, progress: bool = False
+    def needs_confirmation(self, method: str) -> bool:
+        """Whether its tools.d file says every call of `method` waits for a person."""
+        return self.config.needs_confirmation(method)
+
+    def is_dangerous(self, method: str) -> bool:
+        """Whether a call of `method` may run only once its decision is durably in the audit log."""
+        return self.config.is_dangerous(method)
+
+    async def call_tool(
+        self, tool: str, arguments: Any, on_event: EventSink | None = None, progress: bool = False
     ) -> Any:
-        """Call a plain JSON-RPC method, or an MCP tool (as `tools/call`). Returns the child's raw result."""
-        timeout = self.config.timeout_for(method)
-        await self._admit(timeout)
+        """An MCP `tools/call` of `tool`, answered as a CallToolResult."""
+        conn, timeout = await self._running_in_slot(tool)
         try:
-            conn = await self.ensure_running()
-            if self.config.protocol == "jsonrpc":
-                return await self._call_jsonrpc(conn, method, params, timeout, on_event, progress)
-            return await self._call_mcp_tool(conn, method, params, timeout, on_event, progress)
+            return await self.dialect.call_tool(conn, tool, arguments, timeout, on_event, progress)
         finally:
             self._release()
 
-    async def _call_jsonrpc(
-        self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
+    async def call_method(
+        self, method: str, params: Any, on_event: EventSink | None = None, progress: bool = False
     ) -> Any:
-        call_id = conn.new_id()
-        if progress and isinstance(params, dict):
-            # Progress is routed by token; the gateway's id replaces the client's, as for MCP.
-            meta: dict[str, Any] = params["_meta"] if isinstance(params.get("_meta"), dict) else {}
-            params = {**params, "_meta": {**meta, "progressToken": call_id}}
-        return await conn.call(method, params, timeout=timeout, on_event=on_event, request_id=call_id)
-
-    async def _call_mcp_tool(
-        self, conn: Connection, tool: str, arguments: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
-        call_id = conn.new_id()
-        params: dict[str, Any] = {"name": tool, "arguments": arguments if arguments is not None else {}}
-        if progress:
-            # The gateway's own id is the token: unique per child, whatever the clients chose.
-            params["_meta"] = {"progressToken": call_id}
-        return await conn.call(
-            "tools/call", params, timeout=timeout, on_event=on_event, request_id=call_id, cancel_on_timeout=True
-        )
-
-    async def notify(self, method: str, params: Any) -> None:
-        """Send a notification-only method; nothing comes back."""
-        await self._admit(self.config.timeout_for(method))
+        """A direct call of `method`, answered with the child's own result."""
+        conn, timeout = await self._running_in_slot(method)
         try:
-            conn = await self.ensure_running()
+            return await self.dialect.call_method(conn, method, params, timeout, on_event, progress)
+        finally:
+            self._release()
+
+    async def notify(self, method: str, params: Any) -> bool:
+        """Send `method` as a notification (nothing comes back); False when the dialect has none."""
+        if not self.dialect.can_notify(method):
+            return False
+        conn, _ = await self._running_in_slot(method)
+        try:
             await conn.notify(method, params)
         finally:
             self._release()
+        return True
+
+    async def _running_in_slot(self, method: str) -> tuple[Connection, float]:
+        """Hold a slot (`_release` gives it back) and the running child, for a call of `method`; its deadline."""
+        timeout = self.config.timeout_for(method)
+        await self._admit(timeout)
+        try:
+            return await self.ensure_running(), timeout
+        except BaseException:
+            self._release()
+            raise
 
     async def has_tool(self, method: str) -> bool:
-        """Whether the server offers `method` (declared, or listed by the MCP child)."""
-        if self.config.protocol == "jsonrpc":
-            return method in self.config.methods
+        """Whether the server offers `method` (declared, or listed by the child)."""
+        declared = self.dialect.declares(method)
+        if declared is not None:
+            return declared
         if self._tools is None or self._conn is None:
             await self.tools()
         return method in self._tool_names
 
     async def tools(self) -> list[ToolDef]:
-        """The server's tools: declared in config (plain JSON-RPC) or listed by the child (MCP, cached)."""
-        if self.config.protocol == "jsonrpc":
-            return [
-                ToolDef(name, method.description, method.input_schema)
-                for name, method in self.config.methods.items()
-            ]
+        """The server's tools: declared in its config, or listed by the child (cached until it says they changed)."""
+        declared = self.dialect.declared
+        if declared is not None:
+            return declared
         if self._tools is None or self._conn is None:
             conn = await self.ensure_running()
             if self._tools is None:
-                self._set_tools(await self._fetch_tools(conn))
+                self._set_tools(await self.dialect.list_tools(conn, self.tag))
         return self._tools or []
 
     def status(self) -> dict[str, Any]:
@@ -442,27 +394,13 @@ class ToolServer:
             "name": self.name,
             "state": str(self.state),
             "pid": self.pid,
-            "protocol": self.config.protocol,
+            "protocol": self.dialect.protocol,
             "in_flight": self._active,
             "waiting": self._waiting,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "uptime_s": round(time.time() - self.started_at, 3) if self.pid and self.started_at else None,
         }
-
-
-def _valid_tool(item: Any) -> bool:
-    return isinstance(item, dict) and isinstance(item.get("name"), str) and bool(item["name"])
-
-
-def _tool_def(item: dict[str, Any]) -> ToolDef:
-    schema = item.get("inputSchema")
-    return ToolDef(
-        item["name"],
-        item.get("description") or "",
-        schema if isinstance(schema, dict) else {"type": "object"},
-        item,
-    )
 
 
 class Slots:

@@ -1,9 +1,10 @@
 """The aiohttp application: routes, the Host/Origin guard, and turning HttpError into a status.
 
 Owns which paths exist, the checks every request passes before any handler (Host → 421,
-Origin → 403), the order of the middlewares, and the one place an HttpError becomes an HTTP
-response. Does not own the MCP endpoint's logic (mcp_http.py), tokens (auth.py) or request
-limits (limits.py).
+Origin → 403), the order of the middlewares, and the one place an HttpError (or a refusal made
+below the web layer: no token, too many sessions; errors.refusal) becomes an HTTP response.
+Does not own the MCP endpoint's logic (mcp_http.py), tokens (tokens.py) or request limits
+(limits.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from gatewayd import metrics
-from gatewayd.errors import HttpError
+from gatewayd.errors import HttpError, TooManySessions, Unauthenticated, refusal
+from gatewayd.state import DaemonState
 from gatewayd.web import console, limits, mcp_http
-from gatewayd.web.mcp_http import STATE, WebState
+from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +39,20 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise HttpError(403, f"Origin {origin[:100]!r} is not allowed")
         return await handler(request)
     except HttpError as exc:
-        return web.Response(status=exc.status, text=exc.reason + "\n", headers=exc.headers)
+        return _refused(exc)
+    except (Unauthenticated, TooManySessions) as exc:
+        return _refused(refusal(exc))
     except web.HTTPRequestEntityTooLarge:
         return web.Response(status=413, text="request body too large\n")
 
 
+def _refused(exc: HttpError) -> web.Response:
+    return web.Response(status=exc.status, text=exc.reason + "\n", headers=exc.headers)
+
+
 async def _healthz(request: web.Request) -> web.Response:
     """Liveness for probes and units: 200 "ok", or 503 "degraded" while dangerous calls are being refused."""
-    if not request.app[STATE].gateway.audit.healthy:
+    if not request.app[STATE].audit.healthy:
         return web.Response(status=503, text="degraded: the audit log cannot be written; dangerous calls are refused\n")
     return web.Response(text="ok\n")
 
@@ -52,13 +60,13 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     """Prometheus metrics, for a scraper's token only (policies: [scrapers.NAME])."""
     state = request.app[STATE]
-    state.tokens.scraper(request.headers.get("Authorization"))
-    if state.metrics is None:
+    state.generation.tokens.scraper(request.headers.get("Authorization"))
+    if state.metrics_text is None:
         raise HttpError(503, "metrics are not wired in this server")
-    return web.Response(body=(await state.metrics()).encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
+    return web.Response(body=(await state.metrics_text()).encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-def create_app(state: WebState) -> web.Application:
+def create_app(state: DaemonState) -> web.Application:
     """The application; `state.hosts`/`origins` are filled in once the listening port is known."""
     # The guard runs first, so a 408 or 429 from the limits reaches the client as a response too.
     app = web.Application(middlewares=[_guard, limits.middleware], client_max_size=state.settings.max_body_bytes)

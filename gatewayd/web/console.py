@@ -3,12 +3,12 @@
 Owns the page (one static, self-contained HTML document with its inline CSS and JS, served under a
 strict Content-Security-Policy; its style, script and body are package files in assets/), its JSON
 API (`/approvals/api/...`: the pending list, the live event stream, approve and deny) and ending
-those streams when the daemon stops. Every API route
-needs an operator token (`Authorization: Bearer`); agents' tokens are refused by TokenTable.operator.
+those streams when the daemon stops. Every API route needs an operator token (`Authorization:
+Bearer`); agents' tokens are refused by TokenTable.operator.
 The page holds no data itself, so loading it needs no token; the browser keeps the token in
 sessionStorage and reads the stream with fetch(), since EventSource cannot send a header.
-Does not own the approvals themselves (approvals.py), tokens (auth.py), or Host/Origin checks and
-turning HttpError into a response (app.py).
+Does not own the approvals themselves (approvals.py), tokens (tokens.py), the answer's status
+(answers.py), or Host/Origin checks and turning HttpError into a response (app.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from aiohttp import web
 
 from gatewayd import approvals, jsonrpc
 from gatewayd.errors import HttpError
-from gatewayd.web import sse
-from gatewayd.web.mcp_http import STATE
+from gatewayd.web import answers, sse
+from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ async def _page(request: web.Request) -> web.Response:
 
 def _operator(request: web.Request) -> str:
     """The operator's name, or HttpError(401) (no token, a wrong one, or an agent's)."""
-    return request.app[STATE].tokens.operator(request.headers.get("Authorization"))
+    return request.app[STATE].generation.tokens.operator(request.headers.get("Authorization"))
 
 
 def _json(body: dict[str, Any], status: int = 200) -> web.Response:
@@ -162,7 +162,7 @@ def _views(registry: approvals.Approvals) -> list[dict[str, Any]]:
 async def _pending(request: web.Request) -> web.Response:
     """GET .../pending: the pending approvals, oldest first."""
     _operator(request)
-    return _json({"approvals": _views(request.app[STATE].gateway.approvals)})
+    return _json({"approvals": _views(request.app[STATE].approvals)})
 
 
 async def _approve(request: web.Request) -> web.Response:
@@ -176,20 +176,18 @@ async def _deny(request: web.Request) -> web.Response:
 
 
 async def _decide(request: web.Request, *, approve: bool) -> web.Response:
-    """Answer one approval: 200 when this answer decided it, 409 when it could not (already finished, or its
-    policy does not take web answers), 404 when it is unknown."""
+    """Answer one approval (the status: answers.reported)."""
     state = request.app[STATE]
     name = _operator(request)
     reason, again = _answer(await _read_body(request), approve)
     approval_id = request.match_info["approval_id"]
-    answer = state.gateway.approvals.decide(
+    answer = state.approvals.decide(
         approval_id, approve=approve, by=f"operator {name} (web page)", channel=approvals.WEB, reason=reason,
         allow_again_for=again,
     )
     _log_answer(name, approve, approval_id, answer)
-    view = answer.approval.view() if answer.approval is not None else None
-    status = 200 if answer.ok else 404 if answer.approval is None else 409
-    return _json({"ok": answer.ok, "message": answer.message, "approval": view}, status=status)
+    status, body = answers.reported(answer)
+    return _json(body, status=status)
 
 
 def _log_answer(name: str, approve: bool, approval_id: str, answer: approvals.Answer) -> None:
@@ -251,7 +249,7 @@ async def _stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     logger.debug("operator %s opened the approval stream", name)
     try:
-        await _feed(response, state.gateway.approvals, streams, state.settings.sse_keepalive)
+        await _feed(response, state.approvals, streams, state.settings.sse_keepalive)
     except (ConnectionError, TimeoutError):
         logger.debug("operator %s: approval stream closed or too slow", name)
     return response

@@ -218,13 +218,21 @@ class LimitedRunner(aiohttp_hooks.Runner):
         return LimitedServer(args, limits=self._limits)
 
 
-def on_disconnect(request: web.BaseRequest, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` when the request's client disconnects; returns how to cancel that. Served by a plain
-    aiohttp server (its test utilities), a disconnect is never reported."""
+def on_disconnect(request: web.BaseRequest) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """How to be told that the request's client disconnected: give it a callback, get back how to take that back.
+    Served by a plain aiohttp server (its test utilities), a disconnect is never reported."""
     connection = aiohttp_hooks.connection_of(request)
     if connection is not None:
-        return connection.on_lost(callback)
-    return lambda: None
+        return connection.on_lost
+    return _never_told
+
+
+def _never_told(callback: Callable[[], None]) -> Callable[[], None]:
+    return _nothing
+
+
+def _nothing() -> None:
+    return None
 
 
 # -- the body deadline and the per-client slot, around every request -----------------------------

@@ -3,7 +3,9 @@
 Owns: request framing (Content-Type, Accept), the one parse of the body, MCP session rules
 (minting on `initialize`, 400 without a session id, 404 for an unknown one, the
 MCP-Protocol-Version header), choosing a JSON or SSE answer (SSE itself: sse.py), and the
-GET stream. Does not own routing or policy (gateway.py) or tokens (auth.py).
+GET stream. Each request reads the daemon's config generation once, when it begins (tokens,
+servers), and keeps it to its end. Does not own routing or policy (gateway.py) or tokens
+(tokens.py).
 """
 
 from __future__ import annotations
@@ -11,22 +13,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from gatewayd import jsonrpc
-from gatewayd.deadlines import Deadlines
+from gatewayd.calls import CallContext
 from gatewayd.errors import GatewayError, HttpError, InvalidRequest
-from gatewayd.gateway import CallContext, Gateway
+from gatewayd.gateway import Gateway
 from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
-from gatewayd.sessions import SUPPORTED_VERSIONS, Session, Sessions
-from gatewayd.settings import Settings
+from gatewayd.sessions import SUPPORTED_VERSIONS, Session
+from gatewayd.state import DaemonState
 from gatewayd.web import limits, sse
-from gatewayd.web.auth import TokenTable
+from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -38,27 +38,7 @@ ACCEPT_CACHE = 64
 SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel"})
 
 
-@dataclass
-class WebState:
-    """What the HTTP layer needs from the rest of the daemon; `tokens` is swapped on reload."""
-
-    settings: Settings
-    gateway: Gateway
-    sessions: Sessions
-    tokens: TokenTable
-    # Host and Origin values served; empty until the daemon knows its port.
-    hosts: frozenset[str] = frozenset()
-    origins: frozenset[str] = frozenset()
-    # The Prometheus text of the whole daemon, once the daemon has wired it (app.observe).
-    metrics: Callable[[], Awaitable[str]] | None = None
-    # The first keep-alive of each SSE answer.
-    deadlines: Deadlines = field(default_factory=Deadlines)
-
-
-STATE = web.AppKey("state", WebState)
-
-
-def _state(request: web.Request) -> WebState:
+def _state(request: web.Request) -> DaemonState:
     return request.app[STATE]
 
 
@@ -110,7 +90,8 @@ def _body_error(error: GatewayError) -> web.Response:
 async def handle_post(request: web.Request) -> web.StreamResponse:
     """POST /mcp: one message or a batch."""
     state = _state(request)
-    principal = state.tokens.authenticate(request.headers.get("Authorization"))
+    generation = state.generation
+    principal = generation.tokens.authenticate(request.headers.get("Authorization"))
     if request.content_type != "application/json":
         raise HttpError(415, "Content-Type must be application/json")
     json_ok, sse_ok = _accepts(request)
@@ -130,7 +111,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         return _initialize(state, principal, body.messages[0])
     needs_session = any(_needs_session(message) for message in body.messages)
     session = _session_for(request, principal, required=needs_session)
-    ctx = CallContext(principal, session, on_disconnect=functools.partial(limits.on_disconnect, request))
+    ctx = CallContext(principal, generation.servers, session, on_disconnect=limits.on_disconnect(request))
     requests = await _take_non_requests(state.gateway, ctx, body.messages)
     if not requests:
         return web.Response(status=202)
@@ -175,9 +156,9 @@ async def _answer(gateway: Gateway, ctx: CallContext, message: Request | Invalid
     return await gateway.dispatch(ctx, message)
 
 
-def _initialize(state: WebState, principal: Principal, message: Request) -> web.Response:
+def _initialize(state: DaemonState, principal: Principal, message: Request) -> web.Response:
     params = message.params if isinstance(message.params, dict) else {}
-    session = state.sessions.create(principal, params)
+    session = state.sessions.create(principal.name, params)
     result = state.gateway.initialize_result(session.protocol_version)
     return _json(jsonrpc.result_response(message.id, result), session=session)
 
@@ -186,7 +167,7 @@ def _initialize(state: WebState, principal: Principal, message: Request) -> web.
 
 
 async def _answer_sse(
-    request: web.Request, state: WebState, ctx: CallContext, message: Request | Invalid
+    request: web.Request, state: DaemonState, ctx: CallContext, message: Request | Invalid
 ) -> web.StreamResponse:
     """Answer one call as SSE: its progress and log notifications, keep-alives, then the response."""
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
@@ -208,7 +189,7 @@ async def _answer_sse(
 async def handle_get(request: web.Request) -> web.StreamResponse:
     """GET /mcp: the session's server-to-client stream (tools/list_changed and the like)."""
     state = _state(request)
-    principal = state.tokens.authenticate(request.headers.get("Authorization"))
+    principal = state.generation.tokens.authenticate(request.headers.get("Authorization"))
     _, sse_ok = _accepts(request)
     if not sse_ok:
         raise HttpError(406, "Accept must allow text/event-stream")
@@ -244,7 +225,7 @@ async def _stream_session(response: web.StreamResponse, session: Session, keepal
 async def handle_delete(request: web.Request) -> web.Response:
     """DELETE /mcp: end the session; its id answers 404 from now on."""
     state = _state(request)
-    principal = state.tokens.authenticate(request.headers.get("Authorization"))
+    principal = state.generation.tokens.authenticate(request.headers.get("Authorization"))
     session = _session_for(request, principal, required=True)
     assert session is not None
     state.sessions.delete(session.id)

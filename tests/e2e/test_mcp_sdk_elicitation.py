@@ -43,7 +43,7 @@ from mcp_types import (
 )
 
 from gatewayd.config.edit import set_client_token
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals
 from tests.e2e.test_mcp_sdk import SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, sdk_client
 

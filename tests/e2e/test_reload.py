@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from gatewayd.config.edit import set_client_token
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 from tests.daemon import FAULTSRV, Daemon, gatewayctl, headers, python_command, rpc, write_config
 from tests.waiting import eventually
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from gatewayd.config.edit import set_client_token
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, rpc
 
 

@@ -51,18 +51,18 @@ def track(servers: list[ToolServer], server: ToolServer) -> ToolServer:
 
 async def test_concurrent_first_calls_share_one_start(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path))
-    pids = await asyncio.gather(*(server.call("pid", {}) for _ in range(10)))
+    pids = await asyncio.gather(*(server.call_method("pid", {}) for _ in range(10)))
     assert len(set(pids)) == 1
     assert server.state is State.RUNNING and server.pid == pids[0]
 
 
 async def test_crash_mid_call_fails_every_pending_call_at_once(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path))
-    await server.call("pid", {})
-    slow = asyncio.ensure_future(server.call("sleep", {"seconds": 30}))
+    await server.call_method("pid", {})
+    slow = asyncio.ensure_future(server.call_method("sleep", {"seconds": 30}))
     started = time.monotonic()
     with pytest.raises(ToolServerUnavailable) as crash:
-        await server.call("crash", {"code": 7})
+        await server.call_method("crash", {"code": 7})
     with pytest.raises(ToolServerUnavailable) as pending:
         await slow
     assert time.monotonic() - started < 10
@@ -75,15 +75,15 @@ async def test_crash_mid_call_fails_every_pending_call_at_once(tmp_path: Path, s
 async def test_exit_status_zero_mid_call_is_a_failure(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path))
     with pytest.raises(ToolServerUnavailable, match="exit status 0"):
-        await server.call("crash", {"code": 0})
+        await server.call_method("crash", {"code": 0})
 
 
 async def test_server_restarts_on_the_next_call_after_a_crash(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path))
-    first = await server.call("pid", {})
+    first = await server.call_method("pid", {})
     with pytest.raises(ToolServerUnavailable):
-        await server.call("crash", {"code": 1})
-    second = await server.call("pid", {})
+        await server.call_method("crash", {"code": 1})
+    second = await server.call_method("pid", {})
     assert second != first and server.restarts == 1
 
 
@@ -91,32 +91,32 @@ async def test_too_many_crashes_leave_the_server_failed(tmp_path: Path, servers:
     server = track(servers, fault_server(tmp_path, max_restarts=1))
     for _ in range(2):
         with pytest.raises(ToolServerUnavailable):
-            await server.call("crash", {"code": 1})
+            await server.call_method("crash", {"code": 1})
     assert server.state is State.FAILED
     started = time.monotonic()
     with pytest.raises(ToolServerFailed) as failed:
-        await server.call("pid", {})
+        await server.call_method("pid", {})
     assert time.monotonic() - started < 1.0
     assert failed.value.to_wire()["data"]["retryable"] is False
     server.reset()
-    assert isinstance(await server.call("pid", {}), int)
+    assert isinstance(await server.call_method("pid", {}), int)
 
 
 async def test_hang_past_the_deadline_times_out(tmp_path: Path, servers: list[ToolServer]) -> None:
     methods = {**FAULT_METHODS, "sleep": {"timeout": "300ms"}}
     server = track(servers, fault_server(tmp_path, methods=methods))
     with pytest.raises(CallTimedOut) as timed_out:
-        await server.call("sleep", {"seconds": 30})
+        await server.call_method("sleep", {"seconds": 30})
     wire = timed_out.value.to_wire()
     assert wire["code"] == -32012 and wire["data"]["timeout"] == 0.3 and wire["data"]["retryable"] is True
-    assert await server.call("echo", {"still": "alive"}) == {"still": "alive"}
+    assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
 
 
 async def test_mcp_timeout_sends_cancelled_to_the_child(tmp_path: Path, servers: list[ToolServer]) -> None:
     record = tmp_path / "received.jsonl"
     server = track(servers, fault_server(tmp_path, "--mcp", "--record", str(record), call_timeout="300ms"))
     with pytest.raises(CallTimedOut):
-        await server.call("sleep", {"seconds": 30})
+        await server.call_method("sleep", {"seconds": 30})
 
     def cancelled() -> list[dict[str, Any]]:
         lines = [json.loads(line) for line in record.read_text().splitlines()]
@@ -131,7 +131,7 @@ async def test_mcp_timeout_sends_cancelled_to_the_child(tmp_path: Path, servers:
 async def test_non_json_stdout_is_dropped(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
     caplog.set_level(logging.WARNING)
     server = track(servers, fault_server(tmp_path, "--banner", "Welcome to faultsrv!"))
-    assert await server.call("garbage", {}) == "ok"
+    assert await server.call_method("garbage", {}) == "ok"
     assert "stdout is not JSON, dropped" in caplog.text
     assert "Welcome to faultsrv!" in caplog.text
 
@@ -139,7 +139,7 @@ async def test_non_json_stdout_is_dropped(tmp_path: Path, servers: list[ToolServ
 async def test_a_10_mib_line_works(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path))
     size = 10 * 1024 * 1024
-    result = await server.call("huge", {"size": size})
+    result = await server.call_method("huge", {"size": size})
     assert len(result) == size
 
 
@@ -150,22 +150,22 @@ async def test_a_line_over_the_limit_is_dropped_and_the_next_one_works(
     methods = {**FAULT_METHODS, "huge": {"timeout": "2s"}}
     server = track(servers, fault_server(tmp_path, methods=methods))
     with pytest.raises(CallTimedOut):
-        await server.call("huge", {"size": MAX_LINE_BYTES + 1})
+        await server.call_method("huge", {"size": MAX_LINE_BYTES + 1})
     assert f"stdout line over {MAX_LINE_BYTES} bytes dropped" in caplog.text
-    assert await server.call("echo", {"still": "alive"}) == {"still": "alive"}
+    assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
 
 
 async def test_response_with_unknown_id_is_dropped(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
     caplog.set_level(logging.WARNING)
     server = track(servers, fault_server(tmp_path))
-    assert await server.call("wrong_id", {}) == "ok"
+    assert await server.call_method("wrong_id", {}) == "ok"
     assert "unknown id 'no-such-id-999' dropped" in caplog.text
 
 
 async def test_stderr_flood_is_rate_limited(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
     caplog.set_level(logging.INFO, logger="gatewayd.upstream.process")
     server = track(servers, fault_server(tmp_path))
-    assert await server.call("stderr_flood", {"lines": 5000}) == "ok"
+    assert await server.call_method("stderr_flood", {"lines": 5000}) == "ok"
     await server.stop()
     logged = [r for r in caplog.records if "stderr:" in r.getMessage() and "not logged" not in r.getMessage()]
     assert 0 < len(logged) < 1000
@@ -174,36 +174,36 @@ async def test_stderr_flood_is_rate_limited(tmp_path: Path, servers: list[ToolSe
 
 async def test_idle_child_is_stopped_and_starts_again(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path, idle_timeout="300ms"))
-    first = await server.call("pid", {})
+    first = await server.call_method("pid", {})
     await eventually(lambda: server.state is State.STOPPED, what="idle stop")
     assert process_gone(first)
-    second = await server.call("pid", {})
+    second = await server.call_method("pid", {})
     assert second != first and server.restarts == 0
 
 
 async def test_a_call_in_flight_keeps_an_idle_child_alive(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path, idle_timeout="200ms"))
-    pid = await server.call("pid", {})
-    assert await server.call("sleep", {"seconds": 0.6}) == {"slept": 0.6}
+    pid = await server.call_method("pid", {})
+    assert await server.call_method("sleep", {"seconds": 0.6}) == {"slept": 0.6}
     assert server.pid == pid
 
 
 async def test_over_max_in_flight_and_queue_is_overloaded(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path, max_in_flight=1, max_queued=1))
-    busy = asyncio.ensure_future(server.call("sleep", {"seconds": 1}))
+    busy = asyncio.ensure_future(server.call_method("sleep", {"seconds": 1}))
     await eventually(lambda: server.status()["in_flight"] == 1)
-    queued = asyncio.ensure_future(server.call("echo", {"n": 1}))
+    queued = asyncio.ensure_future(server.call_method("echo", {"n": 1}))
     await eventually(lambda: server.status()["waiting"] == 1)
     with pytest.raises(Overloaded) as overloaded:
-        await server.call("echo", {"n": 2})
+        await server.call_method("echo", {"n": 2})
     assert overloaded.value.to_wire()["code"] == -32014
     assert await busy == {"slept": 1} and await queued == {"n": 1}
 
 
 async def test_stop_kills_grandchildren(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path))
-    child = await server.call("pid", {})
-    grandchild = (await server.call("grandchild", {}))["pid"]
+    child = await server.call_method("pid", {})
+    grandchild = (await server.call_method("grandchild", {}))["pid"]
     assert not process_gone(grandchild)
     await server.stop()
     await eventually(lambda: process_gone(child) and process_gone(grandchild), what="child and grandchild gone")
@@ -230,13 +230,13 @@ async def test_a_command_that_does_not_exist(tmp_path: Path, servers: list[ToolS
     config = ServerConfig(command=["/nonexistent/tool-server"], protocol="jsonrpc", methods={"x": {}})
     server = track(servers, ToolServer("ghost", config, tmp_path))
     with pytest.raises(ToolServerUnavailable, match="could not start"):
-        await server.call("x", {})
+        await server.call_method("x", {})
 
 
 async def test_mcp_server_that_dies_during_the_handshake(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path, "--mcp", "--crash-on-start"))
     with pytest.raises(ToolServerUnavailable, match="exit status 3"):
-        await server.call("echo", {})
+        await server.call_method("echo", {})
 
 
 async def test_mcp_handshake_lists_tools_and_follows_list_changed(tmp_path: Path, servers: list[ToolServer]) -> None:
@@ -245,7 +245,7 @@ async def test_mcp_handshake_lists_tools_and_follows_list_changed(tmp_path: Path
     server = track(servers, ToolServer("fault", config, tmp_path, on_tools_changed=changed.append))
     names = [tool.method for tool in await server.tools()]
     assert "echo" in names and "extra" not in names
-    await server.call("change_tools", {})
+    await server.call_method("change_tools", {})
     await eventually(lambda: changed == ["fault"], what="list_changed callback")
     assert "extra" in [tool.method for tool in await server.tools()]
 
@@ -253,7 +253,7 @@ async def test_mcp_handshake_lists_tools_and_follows_list_changed(tmp_path: Path
 async def test_progress_reaches_the_call_with_the_gateway_token(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path, "--mcp"))
     events: list[dict[str, Any]] = []
-    result = await server.call("progress", {"steps": 3}, on_event=events.append, progress=True)
+    result = await server.call_method("progress", {"steps": 3}, on_event=events.append, progress=True)
     assert result["structuredContent"] == {"value": {"steps": 3}}
     progress = [e["params"] for e in events if e["method"] == "notifications/progress"]
     assert [p["progress"] for p in progress] == [1, 2, 3]
@@ -265,8 +265,8 @@ async def test_child_environment_is_minimal_plus_config(tmp_path: Path, servers:
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAYD_TEST_SECRET", "must-not-leak")
     server = track(servers, fault_server(tmp_path, env={"TOOL_SETTING": "on"}))
-    assert await server.call("env", {"name": "TOOL_SETTING"}) == "on"
-    assert await server.call("env", {"name": "GATEWAYD_TEST_SECRET"}) is None
+    assert await server.call_method("env", {"name": "TOOL_SETTING"}) == "on"
+    assert await server.call_method("env", {"name": "GATEWAYD_TEST_SECRET"}) is None
 
 
 ASKING_CHILD = """
@@ -294,6 +294,6 @@ async def test_requests_from_the_child_are_answered_never_left_waiting(
 ) -> None:
     config = ServerConfig(command=[sys.executable, "-c", ASKING_CHILD], protocol="jsonrpc", methods={"report": {}})
     server = track(servers, ToolServer("asking", config, tmp_path))
-    got = await server.call("report", {})
+    got = await server.call_method("report", {})
     assert got["c1"] == {"jsonrpc": "2.0", "id": "c1", "result": {}}
     assert got["c2"]["error"]["code"] == -32601

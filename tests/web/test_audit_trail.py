@@ -50,7 +50,7 @@ async def test_every_call_leaves_its_records(tmp_path: Path) -> None:
         await post(client, token, call("spy.nosuch", {}, id=9))
         await post(client, token, call("spy.crash", {"code": 1}, id=10))
         await post(client, token, {"jsonrpc": "2.0", "method": "spy.echo", "params": {"password": "hunter2"}})
-        await state.gateway.audit.flush()
+        await state.audit.flush()
     records = [json.loads(line) for line in trail.read_text().splitlines()]
     assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
     summary = [(r["event"], r["request_id"], r.get("decision"), r.get("status")) for r in records]
@@ -82,7 +82,7 @@ async def test_a_broken_audit_log_refuses_dangerous_calls_and_keeps_the_rest(tmp
         assert refused["error"]["data"]["error_type"] == "audit_unavailable"
         assert "ENOSPC" in refused["error"]["data"]["reason"]
         assert (await post(client, token, call("spy.echo", {"text": "still"})))["result"] == {"text": "still"}
-        assert state.gateway.audit.status()["healthy"] is False
+        assert state.audit.status()["healthy"] is False
     received = [json.loads(line).get("method") for line in record.read_text().splitlines()]
     assert "pid" not in received and "echo" in received
 
@@ -90,8 +90,8 @@ async def test_a_broken_audit_log_refuses_dangerous_calls_and_keeps_the_rest(tmp
 async def test_health_says_degraded_while_the_audit_log_is_broken(tmp_path: Path) -> None:
     config(tmp_path)
     async with running_stack(tmp_path, audit_path="/dev/full") as (client, state):
-        await state.gateway.audit.record({"event": "probe"}, durable=False)
-        await state.gateway.audit.flush()
+        await state.audit.record({"event": "probe"}, durable=False)
+        await state.audit.flush()
         response = await client.get("/healthz")
         assert response.status == 503 and "degraded" in await response.text()
     async with running_stack(tmp_path) as (client, _):

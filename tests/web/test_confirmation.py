@@ -20,7 +20,7 @@ import pytest
 from gatewayd.admin import AdminClient
 from gatewayd.approvals import Approval, State
 from gatewayd.errors import AuditUnavailable
-from gatewayd.web.mcp_http import WebState
+from gatewayd.state import DaemonState
 from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
@@ -53,7 +53,7 @@ CONCURRENT_APPROVALS = 100
 class Gate:
     """The gateway in-process, a recording child, a token per client and the operator's admin client."""
 
-    def __init__(self, client: LocalClient, state: WebState, tokens: dict[str, str], record: Path) -> None:
+    def __init__(self, client: LocalClient, state: DaemonState, tokens: dict[str, str], record: Path) -> None:
         self.client = client
         self.state = state
         self.tokens = tokens
@@ -81,8 +81,8 @@ class Gate:
             return answer
 
     async def pending(self, count: int = 1) -> list[Approval]:
-        await eventually(lambda: len(self.state.gateway.approvals) >= count, what=f"{count} pending approvals")
-        return self.state.gateway.approvals.pending()
+        await eventually(lambda: len(self.state.approvals) >= count, what=f"{count} pending approvals")
+        return self.state.approvals.pending()
 
     async def decide(self, approval_id: str, verdict: str, reason: str | None = None) -> tuple[int, Any]:
         return await self.admin.call("POST", f"/approvals/{approval_id}/{verdict}",
@@ -236,7 +236,7 @@ async def test_elicitation_accept_runs_the_call(gate: Gate) -> None:
     answer = await stream.until("id", 7)
     assert answer["result"]["structuredContent"] == {"text": "ask me"}
     assert gate.runs() == [{"text": "ask me"}]
-    decided = gate.state.gateway.approvals.get(request["id"].removeprefix("gatewayd-approval-"))
+    decided = gate.state.approvals.get(request["id"].removeprefix("gatewayd-approval-"))
     assert decided is not None and decided.channel == "client"
     assert "user of client agent" in (decided.decided_by or "")
 
@@ -285,7 +285,7 @@ async def test_an_answer_from_another_session_is_ignored(gate: Gate) -> None:
     other = await gate.session("agent", elicitation=True)
     yes = {"action": "accept", "content": {"approve": True}}
     assert await gate.answer("agent", other, request["id"], yes) == 202
-    [approval] = gate.state.gateway.approvals.pending()
+    [approval] = gate.state.approvals.pending()
     assert approval.state is State.PENDING  # still waiting: that answer was not for this session
     assert await gate.answer("agent", session, request["id"], yes) == 202
     assert "result" in await stream.until("id", 7)
@@ -319,7 +319,7 @@ async def test_each_call_needs_its_own_approval_even_with_the_same_arguments(gat
     [a] = await gate.pending()
     second = asyncio.create_task(gate.call("agent", {"text": "same"}, id="second"))
     await gate.pending(2)
-    [b] = [x for x in gate.state.gateway.approvals.pending() if x is not a]
+    [b] = [x for x in gate.state.approvals.pending() if x is not a]
     assert a.id != b.id and a.params_sha256 == b.params_sha256
     await gate.decide(a.id, "approve")
     assert (await first)["id"] == "first" and "result" in await first
@@ -340,7 +340,7 @@ async def test_approve_and_deny_racing_exactly_one_wins(gate: Gate) -> None:
         answer = await call
         assert ("result" in answer) == yes["ok"]
         approved += yes["ok"]
-        await eventually(lambda: len(gate.state.gateway.approvals) == 0, what="approval finished")
+        await eventually(lambda: len(gate.state.approvals) == 0, what="approval finished")
     assert len(gate.runs()) == approved
 
 
@@ -383,7 +383,7 @@ async def test_a_hundred_calls_wait_at_once_and_each_runs_once(gate: Gate) -> No
 
 
 async def test_too_many_pending_are_refused_as_overloaded(gate: Gate) -> None:
-    gate.state.gateway.approvals.max_pending = 1
+    gate.state.approvals.max_pending = 1
     first = asyncio.create_task(gate.call("agent", {"text": 1}))
     [approval] = await gate.pending()
     answer = await gate.call("agent", {"text": 2}, id=2)
@@ -395,7 +395,7 @@ async def test_too_many_pending_are_refused_as_overloaded(gate: Gate) -> None:
 async def test_shutdown_withdraws_pending_approvals(gate: Gate) -> None:
     call = asyncio.create_task(gate.call("agent", {"text": "stop"}))
     [approval] = await gate.pending()
-    await gate.state.gateway.drain(0.1)
+    await gate.state.inflight.drain(0.1)
     answer = await call
     assert answer["error"]["code"] == -32011 and approval.state is State.WITHDRAWN and gate.runs() == []
 
@@ -408,7 +408,7 @@ async def test_audit_records_request_decision_approver_and_outcome_in_order(gate
     [approval] = await gate.pending()
     await gate.decide(approval.id, "approve")
     await call
-    await gate.state.gateway.audit.flush()
+    await gate.state.audit.flush()
     path = gate.state.settings.audit_file()
     assert path is not None
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -433,7 +433,7 @@ async def test_a_notification_that_needs_confirmation_never_runs(gate: Gate) -> 
 
 
 async def test_an_approval_that_cannot_be_audited_is_never_left_pending(gate: Gate) -> None:
-    audit_log = gate.state.gateway.audit
+    audit_log = gate.state.audit
     real_record = audit_log.record
 
     async def disk_fills_up(event: dict[str, Any], *, durable: bool) -> None:
@@ -445,7 +445,7 @@ async def test_an_approval_that_cannot_be_audited_is_never_left_pending(gate: Ga
     audit_log.record = disk_fills_up  # type: ignore[method-assign]
     answer = await gate.call("agent", {"text": "unrecorded"})
     assert answer["error"]["code"] == -32013
-    assert len(gate.state.gateway.approvals) == 0 and gate.runs() == []
+    assert len(gate.state.approvals) == 0 and gate.runs() == []
 
 
 async def test_allow_again_runs_the_very_same_call_without_asking_until_revoked(gate: Gate) -> None:
@@ -456,7 +456,7 @@ async def test_allow_again_runs_the_very_same_call_without_asking_until_revoked(
     assert "result" in await first
     # The very same call now runs at once; the approval it got is recorded as standing.
     assert (await gate.call("agent", {"text": "again"}, id=2))["result"] == {"text": "again"}
-    assert len(gate.state.gateway.approvals) == 0
+    assert len(gate.state.approvals) == 0
     status, listed = await gate.admin.call("GET", "/approvals")
     assert [item["approval_id"] for item in listed["standing"]] == [approval.id]
     # Other arguments, or another client, are asked again.
@@ -471,7 +471,7 @@ async def test_allow_again_runs_the_very_same_call_without_asking_until_revoked(
     await gate.decide(asked.id, "deny")
     assert (await after)["error"]["code"] == -32015
     assert gate.runs() == [{"text": "again"}, {"text": "again"}]
-    await gate.state.gateway.audit.flush()
+    await gate.state.audit.flush()
     path = gate.state.settings.audit_file()
     assert path is not None
     decided = [json.loads(line) for line in path.read_text().splitlines() if '"approval_decided"' in line]
@@ -497,5 +497,5 @@ async def test_drain_returns_once_calls_in_flight_finish_within_the_grace(gate: 
     [approval] = await gate.pending()
     await gate.decide(approval.id, "approve")
     # The call may still be finishing; draining with room to spare must simply wait for it.
-    await gate.state.gateway.drain(5.0)
+    await gate.state.inflight.drain(5.0)
     assert "result" in await call

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 
 from gatewayd import approvals
+from gatewayd.state import DaemonState
+from gatewayd.tokens import hash_token, new_token
 from gatewayd.web import console
-from gatewayd.web.auth import hash_token, new_token
-from gatewayd.web.mcp_http import WebState
 from tests.daemon import Daemon, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
@@ -70,10 +70,10 @@ def start_call(client: LocalClient, token: str, method: str, params: Any) -> asy
     return asyncio.create_task(call())
 
 
-async def pending_id(state: WebState, count: int = 1) -> str:
+async def pending_id(state: DaemonState, count: int = 1) -> str:
     """The id of the newest pending approval, once `count` are pending."""
-    await eventually(lambda: len(state.gateway.approvals.pending()) >= count, what=f"{count} approvals pending")
-    return state.gateway.approvals.pending()[-1].id
+    await eventually(lambda: len(state.approvals.pending()) >= count, what=f"{count} approvals pending")
+    return state.approvals.pending()[-1].id
 
 
 async def decide(client: LocalClient, token: str, approval_id: str, verb: str, body: Any = None, *,
@@ -110,13 +110,13 @@ class Events:
 
 
 @pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[tuple[LocalClient, WebState, Tokens]]:
+async def stack(tmp_path: Path) -> AsyncIterator[tuple[LocalClient, DaemonState, Tokens]]:
     tokens = console_config(tmp_path)
     async with running_stack(tmp_path, sse_keepalive=0.2) as (client, state):
         yield client, state, tokens
 
 
-Stack = tuple[LocalClient, WebState, Tokens]
+Stack = tuple[LocalClient, DaemonState, Tokens]
 
 
 # -- the page ----------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ async def test_every_api_route_refuses_anyone_but_an_operator(stack: Stack, who:
             assert response.status == 401, (method, path)
             assert response.headers["WWW-Authenticate"].startswith("Bearer")
     # None of that decided anything.
-    assert [a.id for a in state.gateway.approvals.pending()] == [approval_id]
+    assert [a.id for a in state.approvals.pending()] == [approval_id]
     await decide(client, tokens.operator, approval_id, "deny")
     await call
 
@@ -225,7 +225,7 @@ async def test_a_body_that_is_not_a_reason_is_refused_and_decides_nothing(
     approval_id = await pending_id(state)
     status, _ = await decide(client, tokens.operator, approval_id, "deny", raw=body)
     assert status == expected
-    assert state.gateway.approvals.pending()[0].id == approval_id
+    assert state.approvals.pending()[0].id == approval_id
     status, _ = await decide(client, tokens.operator, approval_id, "approve", {"reason": None})
     assert status == 200 and (await call)["result"] == 5
 
@@ -239,7 +239,7 @@ async def test_a_policy_without_the_web_channel_refuses_web_answers(tmp_path: Pa
         assert status == 409 and body["ok"] is False and "web channel" in body["message"]
         assert body["approval"]["state"] == "pending" and "web" not in body["approval"]["channels"]
         # gatewayctl's channel still works.
-        assert state.gateway.approvals.decide(approval_id, approve=True, by="test", channel=approvals.CLI).ok
+        assert state.approvals.decide(approval_id, approve=True, by="test", channel=approvals.CLI).ok
         assert (await call)["result"] == 5
 
 
@@ -279,7 +279,7 @@ async def test_the_stream_sends_the_list_then_each_change(stack: Stack) -> None:
             async with asyncio.timeout(0.5):
                 await events.next()
         assert events.comments > comments
-    await eventually(lambda: not state.gateway.approvals._watchers, what="the stream's watcher is released")
+    await eventually(lambda: not state.approvals._watchers, what="the stream's watcher is released")
 
 
 async def test_the_page_sees_an_approval_expire_and_one_withdrawn_by_its_caller(tmp_path: Path) -> None:
@@ -326,7 +326,7 @@ async def test_a_reader_that_fell_behind_gets_the_whole_list_again(
             name, snapshot = await events.next()
             assert name == "snapshot" and len(snapshot["approvals"]) == count
         monkeypatch.undo()
-        for approval in state.gateway.approvals.pending():
+        for approval in state.approvals.pending():
             await decide(client, tokens.operator, approval.id, "approve")
         assert [(await call)["result"] for call in calls] == [1, 2]
 

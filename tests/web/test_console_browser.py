@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 
+from gatewayd.tokens import new_token
 from gatewayd.web import console
-from gatewayd.web.auth import new_token
 from tests.stack import running_stack
 from tests.waiting import eventually
 from tests.web.test_console import console_config, pending_id, start_call
@@ -122,7 +122,7 @@ async def test_an_operator_approves_and_denies_live_calls(tmp_path: Path, browse
         await echo_item.locator('[data-field="allow-again"]').select_option("600")
         await echo_item.locator('[data-action="approve"]').click()
         assert (await echo)["result"] == HOSTILE
-        [standing] = state.gateway.approvals.standing()
+        [standing] = state.approvals.standing()
         assert standing.approval_id == echo_id and standing.by == "operator alice (web page)"
         await expect(echo_item.locator('[data-field="message"]')).to_contain_text(f"approval {echo_id} approved",
                                                                                   timeout=STEP_TIMEOUT_MS)
@@ -184,11 +184,11 @@ async def test_the_page_reconnects_with_backoff_when_the_stream_fails(
         await expect(page.locator(f'[data-approval-id="{first_id}"]')).to_be_visible(timeout=STEP_TIMEOUT_MS)
 
         # Then the open stream breaks mid-way (an event the server cannot encode kills its handler).
-        watchers = list(state.gateway.approvals._watchers)
+        watchers = list(state.approvals._watchers)
         assert len(watchers) == 1
         broken: dict[str, Any] = {"type": "pending", "approval": object()}
         watchers[0].put_nowait(broken)
-        await eventually(lambda: bool(state.gateway.approvals._watchers - set(watchers)), what="a new stream")
+        await eventually(lambda: bool(state.approvals._watchers - set(watchers)), what="a new stream")
         # Only a reopened stream can show a call made after the break.
         second = start_call(client, tokens.agent, "calc.add", {"a": 3, "b": 4})
         second_id = await pending_id(state, 2)

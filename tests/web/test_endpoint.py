@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gatewayd.web.mcp_http import WebState
+from gatewayd.state import DaemonState
 from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
@@ -45,7 +45,7 @@ timeout = "50ms"
 class Stack:
     """An in-process gateway with two clients: `full` (calc + fault) and `calc_only`."""
 
-    def __init__(self, client: Client, state: WebState, tokens: dict[str, str], record: Path) -> None:
+    def __init__(self, client: Client, state: DaemonState, tokens: dict[str, str], record: Path) -> None:
         self.record = record
         self.client = client
         self.state = state
@@ -330,8 +330,8 @@ async def test_client_cancellation_stops_the_call(stack: Stack) -> None:
     headers = {"Mcp-Session-Id": session}
     slow = asyncio.ensure_future(stack.post(call("tools/call", {"name": "fault__sleep", "arguments": {"seconds": 30}},
                                                  id="slow-1"), **headers))
-    gateway = stack.state.gateway
-    await eventually(lambda: bool(gateway._inflight), what="call in flight")
+    inflight = stack.state.inflight
+    await eventually(lambda: bool(inflight), what="call in flight")
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "slow-1"}}
     assert (await stack.post(cancel, **headers)).status == 202
     async with asyncio.timeout(10):
@@ -404,7 +404,7 @@ async def test_a_bug_answers_internal_error_without_details(stack: Stack, monkey
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret detail of a bug")
 
-    monkeypatch.setattr("gatewayd.upstream.server.ToolServer.call", broken)
+    monkeypatch.setattr("gatewayd.upstream.server.ToolServer.call_method", broken)
     response = await stack.post(call("calc.add", {"a": 1, "b": 2}))
     assert response.status == 200
     assert await response.json() == {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "Internal error"}}

@@ -20,8 +20,8 @@ import tomli_w
 from gatewayd.config.models import ClientLimits
 from gatewayd.errors import HttpError
 from gatewayd.policy import Principal
+from gatewayd.state import DaemonState
 from gatewayd.web.limits import ClientLimiter, _Quota
-from gatewayd.web.mcp_http import WebState
 from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
@@ -44,7 +44,7 @@ TRICKLE_PAUSE = 0.05
 class Stack:
     """An in-process gateway; clients `alice`, `bob` (daemon defaults) and `tight` (policy overrides)."""
 
-    def __init__(self, client: LocalClient, state: WebState, tokens: dict[str, str]) -> None:
+    def __init__(self, client: LocalClient, state: DaemonState, tokens: dict[str, str]) -> None:
         self.client = client
         self.state = state
         self.tokens = tokens
@@ -305,7 +305,7 @@ async def test_concurrent_requests_over_the_limit_get_429_and_cancel_still_gets_
     assert (await stack.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, **session))[0] == 202
     sleep = call("tools/call", {"name": "fault__sleep", "arguments": {"seconds": 30}}, id="slow")
     slow_call = asyncio.ensure_future(stack.post(sleep, **session))
-    await eventually(lambda: bool(stack.state.gateway._inflight), what="call in flight")
+    await eventually(lambda: bool(stack.state.inflight), what="call in flight")
     status, text, headers = await stack.post(call("calc.add", {"a": 1, "b": 1}), **session)
     assert status == 429 and "in flight" in text and headers["Retry-After"] == "1"
     await stack.add("bob")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gatewayd.admin import AdminClient
 from gatewayd.config.edit import set_operator_token
-from gatewayd.web.auth import hash_token, new_token
+from gatewayd.tokens import hash_token, new_token
 from tests.daemon import FAULTSRV, python_command, write_config
 from tests.stack import running_stack
 from tests.waiting import eventually
@@ -71,9 +71,9 @@ async def test_a_call_waiting_for_approval_is_a_pending_approval(tmp_path: Path)
         auth = {"Authorization": f"Bearer {tokens['c']}", "Content-Type": "application/json"}
         call = asyncio.create_task(client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "spy.crash"},
                                                headers=auth))
-        await eventually(lambda: bool(state.gateway.approvals.pending()), what="the call waits for approval")
-        assert state.metrics is not None
-        assert sample(await state.metrics(), "gatewayd_pending_approvals") == 1
-        [approval] = state.gateway.approvals.pending()
-        state.gateway.approvals.decide(approval.id, approve=False, by="test", channel="cli")
+        await eventually(lambda: bool(state.approvals.pending()), what="the call waits for approval")
+        assert state.metrics_text is not None
+        assert sample(await state.metrics_text(), "gatewayd_pending_approvals") == 1
+        [approval] = state.approvals.pending()
+        state.approvals.decide(approval.id, approve=False, by="test", channel="cli")
         await (await call).read()

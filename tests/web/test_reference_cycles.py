@@ -100,7 +100,7 @@ async def test_no_kind_of_call_leaves_reference_cycles(tmp_path: Path) -> None:
 async def test_a_confirmed_call_leaves_no_reference_cycles(tmp_path: Path) -> None:
     tokens = write_config(tmp_path, {"calc": CALC}, ROLES, {"c": ["gated"]})
     async with running_stack(tmp_path) as (client, state):
-        approvals = state.gateway.approvals
+        approvals = state.approvals
 
         async def confirmed_call(n: int) -> None:
             call = asyncio.create_task(post(client, tokens["c"], {"jsonrpc": "2.0", "id": n, "method": "calc.add",

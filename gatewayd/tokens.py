@@ -2,7 +2,8 @@
 
 Owns the token format and the lookup. Tokens are stored only as SHA-256 hex digests in
 `policies/*.toml`; a presented token is hashed and compared against every digest in
-constant time. Does not own what a principal may do (policy.py).
+constant time. A refused header raises `Unauthenticated`, which the web layer answers with
+401 (errors.refusal). Does not own what a principal may do (policy.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import hmac
 import secrets
 
 from gatewayd.config.loader import Snapshot
-from gatewayd.errors import HttpError
+from gatewayd.errors import Unauthenticated
 from gatewayd.policy import Principal, principal_for
 
 # 32 random bytes: a token nobody can guess or brute-force through its hash.
 TOKEN_BYTES = 32
 TOKEN_PREFIX = "gwd_"
-CHALLENGE = 'Bearer realm="gatewayd"'
 
 
 def new_token() -> str:
@@ -47,7 +47,7 @@ class TokenTable:
         self._principals: dict[str, Principal] = {name: principal_for(snapshot, name) for name in snapshot.clients}
 
     def authenticate(self, header: str | None) -> Principal:
-        """The Principal for an `Authorization` header. Raises HttpError(401) for none or a wrong one."""
+        """The Principal for an `Authorization` header. Raises Unauthenticated for none or a wrong one."""
         return self._principals[_lookup(header, self._entries)]
 
     def principal(self, name: str) -> Principal | None:
@@ -55,21 +55,21 @@ class TokenTable:
         return self._principals.get(name)
 
     def scraper(self, header: str | None) -> str:
-        """The metrics scraper named by an `Authorization` header. Raises HttpError(401) otherwise."""
+        """The metrics scraper named by an `Authorization` header. Raises Unauthenticated otherwise."""
         return _lookup(header, self._scrapers)
 
     def operator(self, header: str | None) -> str:
-        """The operator named by an `Authorization` header. Raises HttpError(401) otherwise (client tokens too)."""
+        """The operator named by an `Authorization` header. Raises Unauthenticated otherwise (client tokens too)."""
         return _lookup(header, self._operators)
 
 
 def _lookup(header: str | None, entries: list[tuple[bytes, str]]) -> str:
     if not header:
-        raise HttpError(401, "missing bearer token", {"WWW-Authenticate": CHALLENGE})
+        raise Unauthenticated("missing bearer token")
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise HttpError(401, "expected: Authorization: Bearer <token>", {"WWW-Authenticate": CHALLENGE})
+        raise Unauthenticated("expected: Authorization: Bearer <token>")
     digest = hashlib.sha256(token.encode("utf-8")).digest()
     found: str | None = None
     # Compare against every entry so the time taken does not depend on which one matched.
@@ -77,5 +77,5 @@ def _lookup(header: str | None, entries: list[tuple[bytes, str]]) -> str:
         if hmac.compare_digest(stored, digest):
             found = name
     if found is None:
-        raise HttpError(401, "invalid token", {"WWW-Authenticate": CHALLENGE + ', error="invalid_token"'})
+        raise Unauthenticated("invalid token", invalid_token=True)
     return found

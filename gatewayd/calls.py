@@ -1,0 +1,124 @@
+"""One call on its way through the pipeline (gateway.py): who asks, how, and for what.
+
+Owns `CallContext` (the caller: its principal, the tool servers of the config generation read
+when its HTTP request began, its session, where the call's notifications go and how to learn
+that the caller went away), `Call` (one request or notification as every step sees it: route,
+id, the name as the caller spelled it, the canonical method once routed, the arguments rules see,
+and the audit fields the steps share) and `Target` (one tool server and one of its methods).
+Does not own any step itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatewayd import audit
+from gatewayd.policy import Principal
+from gatewayd.sessions import SESSION_ID_SHOWN, Session
+from gatewayd.upstream.api import Upstream
+
+# How a call reached the gateway, as the audit log names it.
+DIRECT = "direct"
+TOOLS_CALL = "tools/call"
+# A JSON-RPC notification (no id): no answer, not even an error.
+NOTIFICATION = "notification"
+
+Emit = Callable[[dict[str, Any]], None]
+# Registers a callback for when the caller's connection goes away; returns a function that unregisters it.
+OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+@dataclass
+class CallContext:
+    """Who is calling, with which tool servers (its request's config generation, kept to its end), in which
+    session, where the call's notifications go (None: nowhere), and how to learn that the caller went away
+    (None: never known)."""
+
+    principal: Principal
+    servers: Mapping[str, Upstream]
+    session: Session | None = None
+    emit: Emit | None = None
+    on_disconnect: OnDisconnect | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """A canonical call target: one tool server and one of its methods."""
+
+    server: Upstream
+    method: str
+
+    @property
+    def canonical(self) -> str:
+        """`server.method`, the name policies match."""
+        return f"{self.server.name}.{self.method}"
+
+
+@dataclass
+class Call:
+    """One call on its way through: who, by which route, for what, and what the audit log says about it.
+
+    `name` is the method or tool name as the caller sent it; `method` becomes the canonical `server.method`
+    once routed. `params` are the request's params as parsed; `arguments` what policy rules see of them.
+    """
+
+    ctx: CallContext
+    route: str
+    request_id: Any
+    name: str
+    params: Any
+    arguments: Any
+    meta: Any
+    method: str = ""
+    started: float = field(default_factory=time.monotonic)
+    trace: str = ""
+    _params_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.method:
+            self.method = self.name
+
+    def params_sha256(self) -> str:
+        """The arguments' hash, computed once: the decision record and an approval both carry it."""
+        if self._params_sha256 is None:
+            self._params_sha256 = audit.params_hash(self.arguments)
+        return self._params_sha256
+
+    def record(self, event: str, **fields: Any) -> dict[str, Any]:
+        """An audit record of this call; its records share one trace id."""
+        session = self.ctx.session
+        if not self.trace:
+            self.trace = audit.trace_id(self.meta)
+        return {
+            "event": event, "client": self.ctx.principal.name,
+            # A prefix correlates records without writing a live session id to disk.
+            "session": session.id[:SESSION_ID_SHOWN] if session else None,
+            "route": self.route, "method": self.method, "request_id": self.request_id,
+            "trace_id": self.trace, **fields,
+        }
+
+
+def direct(ctx: CallContext, route: str, request_id: Any, method: str, params: Any) -> Call:
+    """A direct `server.method` call (or notification): rules see its named params without the protocol's
+    `_meta`."""
+    return Call(ctx, route, request_id, method, params, _arguments(params), _meta_of(params))
+
+
+def _meta_of(params: Any) -> Any:
+    return params.get("_meta") if isinstance(params, dict) else None
+
+
+def _arguments(params: Any) -> Any:
+    if isinstance(params, dict) and "_meta" in params:
+        return {key: value for key, value in params.items() if key != "_meta"}
+    return params
+
+
+def request_key(ctx: CallContext, request_id: Any) -> tuple[str, str, str]:
+    """A request by its id as this client sent it in this session (calls in flight, elicitations answered)."""
+    session = ctx.session.id if ctx.session else ""
+    # repr tells the id 1 from the id "1", as the client meant them, without an encoder per call.
+    return (ctx.principal.name, session, repr(request_id))

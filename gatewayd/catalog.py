@@ -1,0 +1,104 @@
+"""What each client may see: MCP tool names, the aggregated `tools/list`, and who hears that it changed.
+
+Owns the tool name format (`<server><separator><tool>`, checked against the alphabet LLM APIs accept,
+reversed exactly), listing every tool a principal may call across the servers of its generation in a
+deterministic order (marking those that wait for a person), and choosing which sessions are told
+`notifications/tools/list_changed`. Does not own the decision itself (policy.py) or routing a call
+(routing.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gatewayd import policy
+from gatewayd.policy import Decision, Principal
+from gatewayd.sessions import Sessions
+from gatewayd.tokens import TokenTable
+from gatewayd.upstream.api import ToolDef, Upstream
+
+logger = logging.getLogger(__name__)
+
+# LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "
+CONFIRM_META = "io.gatewayd/requiresConfirmation"
+LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+
+
+class Catalog:
+    """Tool names in one format, and the tools a principal may see."""
+
+    def __init__(self, separator: str = "__") -> None:
+        self.separator = separator
+
+    def tool_name(self, server: str, method: str) -> str | None:
+        """The MCP tool name for `server.method`, or None when it cannot be a valid one."""
+        name = f"{server}{self.separator}{method}"
+        return name if TOOL_NAME.fullmatch(name) else None
+
+    def split(self, name: str) -> tuple[str, str] | None:
+        """(server, method) of an MCP tool name, or None when it cannot be one. Exact: no folding of any kind."""
+        server, sep, method = name.partition(self.separator)
+        if not sep or not TOOL_NAME.fullmatch(name):
+            return None
+        return server, method
+
+    async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> dict[str, Any]:
+        """Every tool the principal may call, across servers, in a deterministic order."""
+        visible = [s for s in servers.values() if policy.may_see_server(principal, s.name)]
+        listed = await asyncio.gather(*(self._visible_tools(principal, s) for s in visible), return_exceptions=True)
+        tools: list[dict[str, Any]] = []
+        for server, result in zip(visible, listed, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("server=%s left out of tools/list: %s", server.name, result)
+                continue
+            tools.extend(self._describe(principal, server, tool) for tool in sorted(result, key=lambda t: t.method))
+        return {"tools": [tool for tool in tools if tool]}
+
+    async def _visible_tools(self, principal: Principal, server: Upstream) -> list[ToolDef]:
+        """The server's tools this principal may call (or call after confirmation)."""
+        tools = await server.tools()
+        return [t for t in tools if _listing(principal, server, t) is not Decision.DENY]
+
+    def _describe(self, principal: Principal, server: Upstream, tool: ToolDef) -> dict[str, Any]:
+        name = self.tool_name(server.name, tool.method)
+        if name is None:
+            logger.warning("server=%s tool %r has no valid MCP name; call it directly", server.name, tool.method)
+            return {}
+        if tool.raw is not None:
+            described = {**tool.raw, "name": name}
+        else:
+            described = {"name": name, "inputSchema": tool.input_schema}
+            if tool.description:
+                described["description"] = tool.description
+        if _listing(principal, server, tool) is Decision.CONFIRM:
+            _mark_confirm(described)
+        return described
+
+
+def _listing(principal: Principal, server: Upstream, tool: ToolDef) -> Decision:
+    return policy.may_call(principal, f"{server.name}.{tool.method}",
+                           confirm_required=server.needs_confirmation(tool.method))
+
+
+def _mark_confirm(described: dict[str, Any]) -> None:
+    """Say in the listing that a tool waits for a person, for the model (description) and programs (_meta)."""
+    described["description"] = CONFIRM_NOTE + str(described.get("description") or "")
+    meta = described.get("_meta")
+    described["_meta"] = {**(meta if isinstance(meta, dict) else {}), CONFIRM_META: True}
+
+
+def tell_tools_changed(sessions: Sessions, tokens: TokenTable, server: str) -> None:
+    """A server's tool list changed: tell, on their GET streams, the sessions whose client may see it."""
+    logger.info("server=%s tools changed; notifying sessions", server)
+
+    def may_see(client: str) -> bool:
+        principal = tokens.principal(client)
+        return principal is not None and policy.may_see_server(principal, server)
+
+    sessions.broadcast(LIST_CHANGED, to=lambda session: may_see(session.client))

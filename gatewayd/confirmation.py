@@ -1,0 +1,170 @@
+"""Confirm: a call that needs a person waits here until one approves it, once, or it is denied.
+
+Owns how the question is put: operators always (gatewayctl, and the web page if the policy says so,
+through approvals.py), the caller's own user too when its session can answer an MCP elicitation on
+the call's stream; the `approval_pending` notice to an SSE caller; withdrawing the question when the
+caller disconnects or its session ends; the client's answers to the elicitations it was sent; an
+operator's "allow again" that lets the very same call run without asking; and the error a caller
+gets when the answer is no. Does not own the registry of approvals (approvals.py) or their audit
+records' shape (records.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from gatewayd import approvals
+from gatewayd.calls import Call, CallContext, request_key
+from gatewayd.config.models import ConfirmOptions
+from gatewayd.errors import ConfirmationDenied, ConfirmationExpired, RequestCancelled
+from gatewayd.jsonrpc import Response
+from gatewayd.records import Records
+
+logger = logging.getLogger(__name__)
+
+# Arguments shown in an elicitation message are cut here; the full arguments are on the operators' channels.
+ELICIT_ARGUMENTS_CHARS = 2000
+# The one field of the form a client's user answers.
+ELICIT_FIELD = "approve"
+ELICIT_SCHEMA = {
+    "type": "object",
+    "properties": {ELICIT_FIELD: {
+        "type": "boolean", "title": "Run this call once",
+        "description": "Let this call run once, with exactly these arguments.", "default": False,
+    }},
+    "required": [ELICIT_FIELD],
+}
+
+
+class ConfirmationGate:
+    """Holds calls until a person answers; `answer` takes a client's reply to an elicitation it was sent."""
+
+    def __init__(self, registry: approvals.Approvals, records: Records) -> None:
+        self.approvals = registry
+        self.records = records
+        # Where a person can approve on the web, told to waiting callers (None: no page).
+        self.approval_url: str | None = None
+        # Elicitations sent to callers, by (client, session id, request id): who gets the client's answer.
+        self._elicitations: dict[tuple[str, str, str], Callable[[Response], None]] = {}
+
+    async def confirm(self, call: Call, options: ConfirmOptions) -> None:
+        """Return once a person approved the call; raise if they deny it, nobody answers, or the caller goes.
+
+        A call an operator allowed again (same client, method and arguments, within the time they gave) is
+        approved without asking.
+        """
+        ctx = call.ctx
+        channels = frozenset(options.channels)
+        ask_client = approvals.CLIENT in channels and ctx.emit is not None and ctx.session is not None \
+            and ctx.session.supports_form_elicitation()
+        approval = self.approvals.open(
+            client=ctx.principal.name, method=call.method, arguments=call.arguments,
+            params_sha256=call.params_sha256(), session_id=ctx.session.id if ctx.session else None,
+            channels=channels if ask_client else channels - {approvals.CLIENT}, timeout=options.timeout,
+        )
+        undo: list[Callable[[], None]] = []
+        try:
+            await self.records.approval(call, "approval_requested", approval)
+            standing = self.approvals.standing_for(approval)
+            if standing is not None:
+                # An operator said this very call may run again for a while: nobody is asked this time.
+                self.approvals.approve_standing(approval, standing)
+            else:
+                undo.extend(self._withdraw_when_gone(ctx, approval))
+                self._announce(ctx, approval)
+                if ask_client:
+                    undo.append(self._elicit(ctx, approval))
+                await self.approvals.wait(approval)
+        finally:
+            for step in undo:
+                step()
+            if approval.state is approvals.State.PENDING:
+                # Failed before anyone could answer (the audit record could not be written, say): nobody may
+                # approve a call that is no longer waiting.
+                self.approvals.withdraw(approval, "the call ended before an answer")
+        await self.records.approval(call, "approval_decided", approval)
+        _raise_unless_approved(approval)
+
+    def answer(self, ctx: CallContext, message: Response) -> None:
+        """A client's response to a request the gateway sent it (an elicitation); anything else is dropped."""
+        deliver = self._elicitations.pop(request_key(ctx, message.id), None)
+        if deliver is None:
+            logger.debug("client=%s response to unknown id %.64r dropped", ctx.principal.name, message.id)
+            return
+        deliver(message)
+
+    def _withdraw_when_gone(self, ctx: CallContext, approval: approvals.Approval) -> list[Callable[[], None]]:
+        """Withdraw the approval if the caller disconnects or its session ends; returns how to stop watching."""
+        undo = []
+        if ctx.on_disconnect is not None:
+            undo.append(ctx.on_disconnect(lambda: self.approvals.withdraw(approval, "the caller disconnected")))
+        if ctx.session is not None:
+            undo.append(ctx.session.on_end(lambda: self.approvals.withdraw(approval, "the caller's session ended")))
+        return undo
+
+    def _announce(self, ctx: CallContext, approval: approvals.Approval) -> None:
+        """Tell an SSE caller its call waits for approval: which id, until when, and where to approve it."""
+        if ctx.emit is None or (ctx.session is not None and not ctx.session.wants_log("notice")):
+            return
+        data = {"event": "approval_pending", "approval_id": approval.id, "method": approval.method,
+                "deadline": approval.deadline, "approve_with": f"gatewayctl approve {approval.id}"}
+        if self.approval_url and approvals.WEB in approval.channels:
+            data["approval_page"] = self.approval_url
+        ctx.emit({"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": "notice", "logger": "gatewayd.approvals", "data": data}})
+
+    def _elicit(self, ctx: CallContext, approval: approvals.Approval) -> Callable[[], None]:
+        """Ask the caller's user on the call's stream; their answer decides like an operator's would."""
+        assert ctx.emit is not None and ctx.session is not None
+        request_id = f"gatewayd-approval-{approval.id}"
+        key = request_key(ctx, request_id)
+        shown = json.dumps(approval.arguments, ensure_ascii=False)
+        if len(shown) > ELICIT_ARGUMENTS_CHARS:
+            shown = shown[:ELICIT_ARGUMENTS_CHARS] + f"… ({len(shown) - ELICIT_ARGUMENTS_CHARS} more characters)"
+        message = (f"{approval.client} wants to run {approval.method} with arguments {shown}. "
+                   f"Allow it to run once? (approval {approval.id})")
+        who = f"the user of client {approval.client} (elicitation)"
+
+        def deliver(response: Response) -> None:
+            approve, reason = _elicitation_verdict(response)
+            self.approvals.decide(approval.id, approve=approve, by=who, channel=approvals.CLIENT, reason=reason)
+
+        self._elicitations[key] = deliver
+        emit = ctx.emit
+        emit({"jsonrpc": "2.0", "id": request_id, "method": "elicitation/create",
+              "params": {"mode": "form", "message": message, "requestedSchema": ELICIT_SCHEMA}})
+
+        def withdraw_question() -> None:
+            # Settled some other way (an operator, expiry, withdrawal): let the client close its question.
+            if self._elicitations.pop(key, None) is not None:
+                emit({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                      "params": {"requestId": request_id, "reason": f"approval {approval.state.value}"}})
+
+        return withdraw_question
+
+
+def _elicitation_verdict(response: Response) -> tuple[bool, str | None]:
+    """(approve?, reason) from a client's answer to the approval elicitation: only accept + yes approves."""
+    if response.error is not None:
+        return False, "the client answered the question with an error"
+    result = response.result if isinstance(response.result, dict) else {}
+    action = result.get("action")
+    content = result.get("content")
+    if action == "accept" and isinstance(content, dict) and content.get(ELICIT_FIELD) is True:
+        return True, None
+    if action in ("decline", "cancel"):
+        return False, f"the client's user chose {action}"
+    return False, "the client's user did not say yes"
+
+
+def _raise_unless_approved(approval: approvals.Approval) -> None:
+    data = {"approval_id": approval.id, "reason": approval.reason, "decided_by": approval.decided_by}
+    if approval.state is approvals.State.APPROVED:
+        return
+    if approval.state is approvals.State.DENIED:
+        raise ConfirmationDenied(f"{approval.method}: the confirmation was denied", data)
+    if approval.state is approvals.State.EXPIRED:
+        raise ConfirmationExpired(f"{approval.method}: nobody confirmed the call in time", data)
+    raise RequestCancelled(f"{approval.method}: the approval was withdrawn ({approval.reason})", data)

@@ -1,0 +1,105 @@
+"""Track: the calls in flight, so a client's `notifications/cancelled` or the daemon's shutdown can stop one.
+
+Owns the registry of running calls by (client, session, request id), turning a stop by the gateway
+itself into the error the caller gets instead of a result (a cancel by anyone else propagates),
+refusing new calls once the daemon is stopping, and draining: calls in flight get a grace period,
+then are stopped. Does not own what a call does (gateway.py) or its records (records.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import Any
+
+from gatewayd.calls import Call, CallContext, request_key
+from gatewayd.errors import GatewayError, RequestCancelled, ShuttingDown
+
+logger = logging.getLogger(__name__)
+
+# A call stopped at shutdown answers its caller within this long (it only has to write its error).
+CANCEL_GRACE = 5.0
+
+
+class Tracked:
+    """One call in flight, entered around its confirmation and forwarding; once the gateway stops it, the error
+    its caller gets instead of a result. (A class with __enter__/__exit__ rather than contextlib: this is on
+    every call's path, and a generator-based manager costs more.)"""
+
+    __slots__ = ("_inflight", "key", "reason", "task")
+
+    def __init__(self, inflight: Inflight, key: tuple[str, str, str]) -> None:
+        self._inflight = inflight
+        self.key = key
+        self.reason: GatewayError | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+
+    def stop(self, reason: GatewayError) -> None:
+        """Stop the call; its caller gets `reason`."""
+        if self.reason is None:
+            self.reason = reason
+            self.task.cancel()
+
+    def __enter__(self) -> Tracked:
+        self._inflight.add(self)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._inflight.remove(self)
+        # Our own stop (the client's cancel, or shutdown) becomes an answer; anyone else's cancel propagates.
+        if kind is asyncio.CancelledError and self.reason is not None and self.task.uncancel() == 0:
+            raise self.reason from None
+
+
+class Inflight:
+    """Every call in flight, by the key its client would cancel it with."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str, str], Tracked] = {}
+        self._calls: set[Tracked] = set()
+        self.closing = False
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def track(self, call: Call) -> Tracked:
+        """Enter around the part of a call that may be stopped. Raises ShuttingDown once the daemon is stopping."""
+        if self.closing:
+            raise ShuttingDown("gatewayd is shutting down; retry shortly")
+        return Tracked(self, request_key(call.ctx, call.request_id))
+
+    def add(self, entry: Tracked) -> None:
+        self._by_key[entry.key] = entry
+        self._calls.add(entry)
+
+    def remove(self, entry: Tracked) -> None:
+        self._calls.discard(entry)
+        if self._by_key.get(entry.key) is entry:
+            del self._by_key[entry.key]
+
+    def cancel(self, ctx: CallContext, params: Any) -> None:
+        """A client's `notifications/cancelled`: stop its call with that request id, if it is still running."""
+        if not isinstance(params, dict) or "requestId" not in params:
+            return
+        entry = self._by_key.get(request_key(ctx, params["requestId"]))
+        if entry is not None:
+            logger.info("client=%s cancelled request %.64r", ctx.principal.name, params["requestId"])
+            entry.stop(RequestCancelled("the request was cancelled by the client"))
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new calls; give those in flight `grace` seconds, then stop them (each gets an error answer)."""
+        self.closing = True
+        if not self._calls:
+            return
+        logger.info("waiting up to %gs for %d calls in flight", grace, len(self._calls))
+        await asyncio.wait({entry.task for entry in self._calls}, timeout=grace)
+        left = list(self._calls)
+        if not left:
+            return
+        logger.warning("cancelling %d calls still running after %gs", len(left), grace)
+        for entry in left:
+            entry.stop(ShuttingDown("gatewayd stopped before the call finished"))
+        await asyncio.wait({entry.task for entry in left}, timeout=CANCEL_GRACE)

@@ -1,0 +1,61 @@
+"""What the audit log and the metrics are told about each call: its decision, its approval, its outcome.
+
+Owns the shape of a call's records and which of them must be on disk before the call may go on
+(`decided_durably`, `approval`): the others are queued by plain functions, not coroutines, because
+they are on every call's path and nothing waits for the disk. Does not own the log's file and writer
+(audit.py) or the metrics' rendering (metrics.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gatewayd import approvals, audit
+from gatewayd.calls import Call
+from gatewayd.metrics import Metrics
+
+
+class Records:
+    """A call's records, to one audit log and one set of metrics."""
+
+    def __init__(self, audit_log: audit.AuditLog, metrics: Metrics) -> None:
+        self.audit = audit_log
+        self.metrics = metrics
+
+    def decided(self, call: Call, decision: str, **fields: Any) -> None:
+        """Record a decision; the record is queued, not waited for."""
+        if decision == "deny":
+            self.metrics.observe_denied()
+        if self.audit.enabled:
+            self.audit.queue(_decision(call, decision, fields))
+
+    async def decided_durably(self, call: Call, decision: str, **fields: Any) -> None:
+        """Record a decision that must be on disk before the call runs, or raise AuditUnavailable."""
+        if self.audit.enabled:
+            await self.audit.record(_decision(call, decision, fields), durable=True)
+
+    async def approval(self, call: Call, event: str, approval: approvals.Approval) -> None:
+        """Record that a call waits for a person, or what they decided; on disk before the call goes on."""
+        if not self.audit.enabled:
+            return
+        fields: dict[str, Any] = {"approval_id": approval.id, "state": approval.state.value}
+        if approval.state is approvals.State.PENDING:
+            fields.update(channels=sorted(approval.channels), timeout_s=approval.timeout,
+                          params_sha256=approval.params_sha256)
+        else:
+            fields.update(decided_by=approval.decided_by, channel=approval.channel, reason=approval.reason)
+        await self.audit.record(call.record(event, **fields), durable=True)
+
+    def outcome(self, call: Call, status: str, **fields: Any) -> None:
+        """Record how a call ended, and count it."""
+        seconds = time.monotonic() - call.started
+        server, _, method = call.method.partition(".")
+        self.metrics.observe_call(server, method, status, seconds)
+        if self.audit.enabled:
+            self.audit.queue(call.record("outcome", status=status, duration_ms=round(seconds * 1000, 3), **fields))
+
+
+def _decision(call: Call, decision: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return call.record("decision", decision=decision, params_sha256=call.params_sha256(),
+                       params=audit.summarize(call.arguments), **fields)

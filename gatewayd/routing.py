@@ -1,0 +1,39 @@
+"""Route: a call's name → its canonical target, one tool server of the call's generation and one method.
+
+Owns the two spellings of a target — a direct `server.method` and an MCP tool name (catalog.py's
+format) — resolving both to the same `Target` before anything is decided, and the error a caller
+gets for a name that does not exist, which is the very error a denied name gets (authorize.py).
+An unknown name is recorded as denied (reason "unknown"). Does not own the decision.
+"""
+
+from __future__ import annotations
+
+from gatewayd.calls import TOOLS_CALL, Call, Target
+from gatewayd.catalog import Catalog
+from gatewayd.errors import GatewayError, MethodNotFound, UnknownTool
+from gatewayd.records import Records
+
+
+def route(call: Call, catalog: Catalog, records: Records) -> Target:
+    """The target of the call; `call.method` becomes its canonical name. Raises `unknown(call)`."""
+    parts = catalog.split(call.name) if call.route == TOOLS_CALL else _split_direct(call.name)
+    server = call.ctx.servers.get(parts[0]) if parts is not None else None
+    if server is None or parts is None:
+        records.decided(call, "deny", reason="unknown")
+        raise unknown(call)
+    target = Target(server, parts[1])
+    call.method = target.canonical
+    return target
+
+
+def _split_direct(name: str) -> tuple[str, str] | None:
+    server, dot, method = name.partition(".")
+    return (server, method) if dot else None
+
+
+def unknown(call: Call) -> GatewayError:
+    """What the caller is told for a name that does not exist or that it may not call: one answer for both.
+    (Made only when raised: an exception is costly to make on every call.)"""
+    if call.route == TOOLS_CALL:
+        return UnknownTool(call.name)
+    return MethodNotFound(call.name)

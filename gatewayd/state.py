@@ -1,0 +1,45 @@
+"""The daemon's shared state: what its parts (web, admin socket, reloader) read, and the one swapped reference.
+
+Owns `DaemonState`: the settings, the current config generation (replaced whole by a reload, never
+edited), and the long-lived parts every generation shares — the gateway and its registries
+(sessions, approvals, calls in flight), the audit log, the metrics and the pool of tool servers.
+Built and wired by app.py, which owns start and stop. Does not own any behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from gatewayd.approvals import Approvals
+from gatewayd.audit import AuditLog
+from gatewayd.deadlines import Deadlines
+from gatewayd.gateway import Gateway
+from gatewayd.generation import Generation
+from gatewayd.inflight import Inflight
+from gatewayd.metrics import Metrics
+from gatewayd.sessions import Sessions
+from gatewayd.settings import Settings
+from gatewayd.upstream.pool import Pool
+
+
+@dataclass(eq=False)
+class DaemonState:
+    """Everything the daemon's parts share; `generation` is the only field a reload changes."""
+
+    settings: Settings
+    generation: Generation
+    pool: Pool
+    gateway: Gateway
+    sessions: Sessions
+    approvals: Approvals
+    inflight: Inflight
+    audit: AuditLog
+    metrics: Metrics
+    # Host and Origin values served; empty until the daemon knows its port.
+    hosts: frozenset[str] = frozenset()
+    origins: frozenset[str] = frozenset()
+    # The Prometheus text of the whole daemon, once the daemon has wired it.
+    metrics_text: Callable[[], Awaitable[str]] | None = None
+    # The first keep-alive of each SSE answer: one loop timer for them all.
+    deadlines: Deadlines = field(default_factory=Deadlines)

@@ -1,0 +1,70 @@
+"""What the gateway needs of a tool server: the boundary between the pipeline and the upstream side.
+
+Owns the `Upstream` interface (what a server offers, whether a method is gated, and the three ways to
+reach it: a tool call answered as an MCP CallToolResult, a direct method call answered with the
+server's own result, and a notification) and `ToolDef`, one thing a server offers. `server.ToolServer`
+implements it over a supervised child, whatever its dialect (dialects.py); tests may implement it
+in memory. Does not own any implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# Receives the notifications a call's server sends about that call (progress, log lines).
+EventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    """One tool (MCP) or declared method (plain JSON-RPC) of a server."""
+
+    method: str
+    description: str
+    input_schema: dict[str, Any]
+    # The server's own MCP tool object, passed to agents verbatim except for its name.
+    raw: dict[str, Any] | None = None
+
+
+class Upstream(Protocol):
+    """One tool server as the gateway's pipeline sees it."""
+
+    @property
+    def name(self) -> str:
+        """The server's name (its tools.d file's stem): the first part of every canonical name."""
+        ...
+
+    def needs_confirmation(self, method: str) -> bool:
+        """Whether its tools.d file says every call of `method` waits for a person."""
+        ...
+
+    def is_dangerous(self, method: str) -> bool:
+        """Whether a call of `method` may run only once its decision is durably in the audit log."""
+        ...
+
+    async def has_tool(self, method: str) -> bool:
+        """Whether the server offers `method` (may start it, to ask)."""
+        ...
+
+    async def tools(self) -> list[ToolDef]:
+        """Everything the server offers (may start it, to ask)."""
+        ...
+
+    async def call_tool(
+        self, tool: str, arguments: Any, on_event: EventSink | None = None, progress: bool = False
+    ) -> Any:
+        """Call `tool` for an MCP `tools/call`; the answer is an MCP CallToolResult (a tool's own failure
+        included, as `isError: true`)."""
+        ...
+
+    async def call_method(
+        self, method: str, params: Any, on_event: EventSink | None = None, progress: bool = False
+    ) -> Any:
+        """Call `method` directly; the answer is the server's own result, its own error raised as UpstreamError."""
+        ...
+
+    async def notify(self, method: str, params: Any) -> bool:
+        """Send `method` as a notification; False when the server's protocol has no such thing."""
+        ...

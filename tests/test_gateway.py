@@ -1,0 +1,264 @@
+"""The call pipeline in memory (route → decide → track → confirm → forward → record), behind a scripted upstream.
+
+The gateway is the thing under test, so it is the real one, wired as the daemon wires it (catalog, records
+to a real audit file, the confirmation gate, the in-flight registry); only its upstream is a script that
+implements the `Upstream` interface and remembers what reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatewayd import approvals
+from gatewayd.approvals import Approvals
+from gatewayd.audit import AuditLog
+from gatewayd.calls import CallContext
+from gatewayd.catalog import Catalog
+from gatewayd.confirmation import ConfirmationGate
+from gatewayd.gateway import Gateway
+from gatewayd.inflight import Inflight
+from gatewayd.jsonrpc import Notification, Request
+from gatewayd.metrics import Metrics
+from gatewayd.policy import Grant, Principal
+from gatewayd.records import Records
+from gatewayd.upstream.api import EventSink, ToolDef
+from tests.waiting import eventually
+
+
+@dataclass
+class Scripted:
+    """An upstream that answers from a script: each method's result, and an event a slow method waits on."""
+
+    name: str
+    tools_offered: list[str]
+    confirm: frozenset[str] = frozenset()
+    results: dict[str, Any] = field(default_factory=dict)
+    slow: dict[str, asyncio.Event] = field(default_factory=dict)
+    received: list[tuple[str, str, Any]] = field(default_factory=list)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    notifies: bool = True
+
+    def needs_confirmation(self, method: str) -> bool:
+        return method in self.confirm
+
+    def is_dangerous(self, method: str) -> bool:
+        return method in self.confirm
+
+    async def has_tool(self, method: str) -> bool:
+        return method in self.tools_offered
+
+    async def tools(self) -> list[ToolDef]:
+        return [ToolDef(tool, f"the {tool} tool", {"type": "object"}) for tool in self.tools_offered]
+
+    async def _run(self, kind: str, method: str, payload: Any, on_event: EventSink | None) -> Any:
+        self.received.append((kind, method, payload))
+        self.started.set()
+        if on_event is not None:
+            on_event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1,
+                                                                                       "progress": 1}})
+        if method in self.slow:
+            await self.slow[method].wait()
+        return self.results.get(method, {"ok": method})
+
+    async def call_tool(self, tool: str, arguments: Any, on_event: EventSink | None = None,
+                        progress: bool = False) -> Any:
+        return {"content": [{"type": "text", "text": json.dumps(await self._run("tool", tool, arguments, on_event))}],
+                "isError": False}
+
+    async def call_method(self, method: str, params: Any, on_event: EventSink | None = None,
+                          progress: bool = False) -> Any:
+        return await self._run("method", method, params, on_event)
+
+    async def notify(self, method: str, params: Any) -> bool:
+        if self.notifies:
+            self.received.append(("notify", method, params))
+        return self.notifies
+
+
+@dataclass
+class Rig:
+    gateway: Gateway
+    upstream: Scripted
+    approvals: Approvals
+    inflight: Inflight
+    audit: AuditLog
+    trail: Path
+    principal: Principal
+
+    def ctx(self, emit: Any = None) -> CallContext:
+        return CallContext(self.principal, {self.upstream.name: self.upstream}, emit=emit)
+
+    async def request(self, method: str, params: Any, request_id: Any = 1, emit: Any = None) -> dict[str, Any]:
+        return await self.gateway.dispatch(self.ctx(emit), Request(request_id, method, params))
+
+    async def records(self) -> list[dict[str, Any]]:
+        await self.audit.flush()
+        return [json.loads(line) for line in self.trail.read_text().splitlines()]
+
+
+GRANT = Grant("dev", "policies/test.toml", allow=("s.add", "s.slow", "s.echo"), confirm=("s.run",))
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    trail = tmp_path / "audit.jsonl"
+    audit_log = AuditLog(trail)
+    await audit_log.start()
+    registry, inflight = Approvals(), Inflight()
+    records = Records(audit_log, Metrics())
+    gateway = Gateway(Catalog("__"), records, ConfirmationGate(registry, records), inflight)
+    upstream = Scripted("s", ["add", "slow", "echo", "run", "secret"])
+    try:
+        yield Rig(gateway, upstream, registry, inflight, audit_log, trail, Principal("dev", (GRANT,)))
+    finally:
+        await audit_log.close()
+
+
+async def test_a_direct_call_forwards_the_authorized_params_and_records_decision_and_outcome(rig: Rig) -> None:
+    params = {"a": 1, "b": 2}
+    answer = await rig.request("s.add", params)
+    assert answer == {"jsonrpc": "2.0", "id": 1, "result": {"ok": "add"}}
+    [(kind, method, sent)] = rig.upstream.received
+    assert (kind, method) == ("method", "add") and sent is params
+    decision, outcome = await rig.records()
+    assert (decision["event"], decision["decision"], decision["method"], decision["route"]) == \
+        ("decision", "allow", "s.add", "direct")
+    assert "role 'dev'" in decision["rule"]
+    assert (outcome["event"], outcome["status"], outcome["trace_id"]) == ("outcome", "ok", decision["trace_id"])
+
+
+async def test_tools_call_reaches_the_same_target_by_its_tool_name(rig: Rig) -> None:
+    answer = await rig.request("tools/call", {"name": "s__echo", "arguments": {"x": 1}})
+    assert answer["result"]["isError"] is False
+    assert rig.upstream.received == [("tool", "echo", {"x": 1})]
+    decision, _ = await rig.records()
+    assert (decision["method"], decision["route"]) == ("s.echo", "tools/call")
+
+
+@pytest.mark.parametrize("method", ["s.secret", "s.nothing", "nothing.add", "nodot"])
+async def test_denied_and_unknown_methods_answer_alike_and_reach_nothing(rig: Rig, method: str) -> None:
+    answer = await rig.request(method, {})
+    assert answer["error"]["code"] == -32601
+    denied = await rig.request("s.secret", {})
+    assert _without_data(answer["error"], method) == _without_data(denied["error"], "s.secret")
+    assert rig.upstream.received == []
+    assert all(record["decision"] == "deny" for record in await rig.records())
+
+
+@pytest.mark.parametrize("name", ["s__secret", "s__nothing", "x__add", "s.add", "s__" + "a" * 64])
+async def test_denied_and_unknown_tools_answer_alike(rig: Rig, name: str) -> None:
+    answer = await rig.request("tools/call", {"name": name, "arguments": {}})
+    denied = await rig.request("tools/call", {"name": "s__secret", "arguments": {}})
+    assert answer["error"]["code"] == denied["error"]["code"] == -32602
+    assert answer["error"]["message"].replace(name, "NAME") == denied["error"]["message"].replace("s__secret", "NAME")
+    assert rig.upstream.received == []
+
+
+async def test_a_confirmed_call_runs_once_after_a_person_approves(rig: Rig) -> None:
+    call = asyncio.create_task(rig.request("s.run", {"cmd": "ls"}))
+    await eventually(lambda: len(rig.approvals) == 1, what="the call waits for a person")
+    assert rig.upstream.received == []
+    [approval] = rig.approvals.pending()
+    assert (approval.client, approval.method, approval.arguments) == ("dev", "s.run", {"cmd": "ls"})
+    assert rig.approvals.decide(approval.id, approve=True, by="test", channel=approvals.CLI).ok
+    assert (await call)["result"] == {"ok": "run"}
+    assert rig.upstream.received == [("method", "run", {"cmd": "ls"})]
+    events = [record["event"] for record in await rig.records()]
+    assert events == ["decision", "approval_requested", "approval_decided", "outcome"]
+
+
+async def test_a_denied_confirmation_never_reaches_the_server(rig: Rig) -> None:
+    call = asyncio.create_task(rig.request("s.run", {"cmd": "rm"}))
+    await eventually(lambda: len(rig.approvals) == 1, what="the call waits for a person")
+    [approval] = rig.approvals.pending()
+    rig.approvals.decide(approval.id, approve=False, by="test", channel=approvals.CLI, reason="no")
+    answer = await call
+    assert answer["error"]["code"] == -32015 and answer["error"]["data"]["reason"] == "no"
+    assert rig.upstream.received == []
+
+
+async def test_a_notification_of_a_gated_method_never_runs(rig: Rig) -> None:
+    await rig.gateway.notify(rig.ctx(), Notification("s.run", {"cmd": "ls"}))
+    assert rig.upstream.received == [] and len(rig.approvals) == 0
+
+
+async def test_a_notification_is_sent_once_authorized_and_recorded_as_sent(rig: Rig) -> None:
+    await rig.gateway.notify(rig.ctx(), Notification("s.echo", {"x": 1}))
+    assert rig.upstream.received == [("notify", "echo", {"x": 1})]
+    assert [record.get("status") for record in await rig.records()] == [None, "sent"]
+
+
+async def test_a_notification_the_protocol_cannot_send_is_dropped(rig: Rig) -> None:
+    rig.upstream.notifies = False
+    await rig.gateway.notify(rig.ctx(), Notification("s.echo", {"x": 1}))
+    assert rig.upstream.received == []
+    assert [record["event"] for record in await rig.records()] == ["decision"]
+
+
+async def test_cancelled_by_the_client_answers_request_cancelled(rig: Rig) -> None:
+    rig.upstream.slow["slow"] = asyncio.Event()
+    call = asyncio.create_task(rig.request("s.slow", {}, request_id="r-1"))
+    await rig.upstream.started.wait()
+    await rig.gateway.notify(rig.ctx(), Notification("notifications/cancelled", {"requestId": "r-1"}))
+    answer = await call
+    assert answer["error"]["code"] == -32017 and len(rig.inflight) == 0
+    assert (await rig.records())[-1]["status"] == "cancelled"
+
+
+async def test_another_clients_cancel_does_not_stop_the_call(rig: Rig) -> None:
+    gate = rig.upstream.slow["slow"] = asyncio.Event()
+    call = asyncio.create_task(rig.request("s.slow", {}, request_id="r-1"))
+    await rig.upstream.started.wait()
+    other = CallContext(Principal("other", (GRANT,)), {"s": rig.upstream})
+    await rig.gateway.notify(other, Notification("notifications/cancelled", {"requestId": "r-1"}))
+    gate.set()
+    assert (await call)["result"] == {"ok": "slow"}
+
+
+async def test_draining_stops_running_calls_and_refuses_new_ones(rig: Rig) -> None:
+    rig.upstream.slow["slow"] = asyncio.Event()
+    call = asyncio.create_task(rig.request("s.slow", {}))
+    await rig.upstream.started.wait()
+    await rig.inflight.drain(0)
+    answer = await call
+    assert answer["error"]["code"] == -32011 and answer["error"]["data"]["error_type"] == "shutting_down"
+    late = await rig.request("s.add", {"a": 1})
+    assert late["error"]["data"]["error_type"] == "shutting_down"
+    assert [kind for kind, _, _ in rig.upstream.received] == ["method"]
+
+
+async def test_progress_reaches_the_caller_under_its_own_token(rig: Rig) -> None:
+    seen: list[dict[str, Any]] = []
+    await rig.request("s.add", {"a": 1, "_meta": {"progressToken": "mine"}}, emit=seen.append)
+    assert seen == [{"jsonrpc": "2.0", "method": "notifications/progress",
+                     "params": {"progressToken": "mine", "progress": 1}}]
+
+
+async def test_tools_list_shows_what_the_client_may_call_and_marks_confirmation(rig: Rig) -> None:
+    answer = await rig.request("tools/list", {})
+    tools = {tool["name"]: tool for tool in answer["result"]["tools"]}
+    assert sorted(tools) == ["s__add", "s__echo", "s__run", "s__slow"]
+    assert tools["s__run"]["_meta"] == {"io.gatewayd/requiresConfirmation": True}
+    assert "_meta" not in tools["s__add"]
+
+
+async def test_a_bug_in_the_upstream_is_an_internal_error_without_details(rig: Rig) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret detail")
+
+    rig.upstream.call_method = broken  # type: ignore[method-assign]
+    answer = await rig.request("s.add", {})
+    assert answer["error"] == {"code": -32603, "message": "Internal error"}
+
+
+def _without_data(error: dict[str, Any], name: str) -> dict[str, Any]:
+    """An error with the caller's own name taken out: what is left must not tell denied from unknown."""
+    stripped: dict[str, Any] = json.loads(json.dumps(error).replace(json.dumps(name)[1:-1], "NAME"))
+    return stripped
