@@ -41,7 +41,7 @@ from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import State
 from gatewayd.web import console
 from gatewayd.web.app import MCP_PATH, create_app
-from gatewayd.web.limits import ConnectionLimits, LimitedRunner
+from gatewayd.web.limits import ConnectionLimits, LimitedRunner, fit_open_file_limit, limit_loop_error_reports
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class Daemon:
     async def start(self) -> str:
         """Open the audit log, listen on HTTP and on the admin socket, start the background work; the URL."""
         settings, state = self.settings, self.state
+        limit_loop_error_reports()
+        fit_open_file_limit(self._runner, len(state.generation.servers))
         await state.audit.start()
         await self._runner.setup()
         self._serving = True
@@ -135,9 +137,9 @@ class Daemon:
 
 def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     """Wire the parts for the first generation of `snapshot`; nothing is started yet."""
-    sessions = Sessions(settings.max_sessions, settings.session_idle_timeout)
+    sessions = Sessions(settings.max_sessions, settings.session_idle_timeout, settings.max_sessions_per_client)
     pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name))
-    audit_log = AuditLog(settings.audit_file())
+    audit_log = AuditLog(settings.audit_file(), reserve_bytes=settings.audit_reserve_bytes)
     metrics, registry, inflight = Metrics(), Approvals(), Inflight()
     records = Records(audit_log, metrics)
     gateway = Gateway(Catalog(settings.tool_name_separator), records, ConfirmationGate(registry, records), inflight)
@@ -170,6 +172,11 @@ def _observe(state: DaemonState, reloader: Reloader) -> None:
         yield ("gatewayd_config_in_sync", "1 when the files on disk are the running config.", {},
                1 if reloader.in_sync else 0)
         yield "gatewayd_audit_healthy", "1 while the audit log can be written.", {}, 1 if state.audit.healthy else 0
+        audit = state.audit.status()
+        yield ("gatewayd_audit_space_low", "1 while the audit disk's free space is below audit_reserve_bytes "
+               "(ordinary records are dropped).", {}, 1 if audit["space_low"] else 0)
+        yield ("gatewayd_audit_records_failed_total", "Audit records not written (disk, queue, or space).", {},
+               audit["records_failed"])
         yield from _collector_gauges()
 
     state.metrics.add_gauges(gauges)

@@ -21,7 +21,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatewayd.errors import Overloaded
+from gatewayd import display, jsonrpc
+from gatewayd.errors import InvalidParams, Overloaded
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +37,16 @@ STANDING = "standing"
 STANDING_MAX = 3600.0
 # Ids are typed after `gatewayctl approve`: short, random, never reused while remembered.
 ID_BYTES = 5
-# A flood of confirm-gated calls must not grow memory without bound: past this, new ones are refused.
+# A flood of confirm-gated calls must not grow memory without bound: past this, new ones are refused…
 MAX_PENDING = 1000
-# Finished approvals kept so a late answer is told what happened instead of "no such approval".
+# …and one client may hold only this share of them, so the others' calls can still wait for a person.
+MAX_PENDING_PER_CLIENT = 100
+# Arguments a person is asked to review are kept whole until the call ends; more than this nobody can review.
+MAX_ARGUMENT_BYTES = 64 * 1024
+# Finished approvals kept so a late answer is told what happened instead of "no such approval"; arguments larger
+# than FINISHED_ARGUMENT_BYTES are not kept with them (the audit log has their hash and summary).
 FINISHED_KEPT = 1000
+FINISHED_ARGUMENT_BYTES = 4096
 # A watcher (the web page's stream) this far behind is dropped; it reconnects and reads the list again.
 WATCHER_BACKLOG = 1000
 # A reason is a short note for the caller and the audit log, not a document.
@@ -83,7 +90,9 @@ class Approval:
         return self.created + self.timeout
 
     def view(self) -> dict[str, Any]:
-        """What operators are shown (gatewayctl, the web page): everything but the session id."""
+        """What operators are shown (gatewayctl, the web page): everything but the session id. The fields are the
+        exact values (what the hash covers and the call is sent with); `shown` has the text a person reads of
+        them, escaped by display.py (the web page renders only that)."""
         now = time.time()
         return {
             "id": self.id, "client": self.client, "method": self.method, "arguments": self.arguments,
@@ -91,7 +100,16 @@ class Approval:
             "created": self.created, "deadline": self.deadline, "age_s": round(now - self.created, 3),
             "expires_in_s": round(max(0.0, self.deadline - now), 3),
             "decided_by": self.decided_by, "channel": self.channel, "reason": self.reason,
+            "shown": {
+                "client": display.shown(self.client), "method": display.shown(self.method),
+                "arguments": display.shown_json(self.arguments, indent=2),
+                "decided_by": _shown(self.decided_by), "reason": _shown(self.reason),
+            },
         }
+
+
+def _shown(text: str | None) -> str | None:
+    return display.shown(text) if text is not None else None
 
 
 def parse_answer(body: Any, *, approve: bool) -> tuple[str | None, float | None]:
@@ -157,9 +175,11 @@ class Answer:
 class Approvals:
     """Every pending approval, and those recently finished."""
 
-    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING, per_client: int = MAX_PENDING_PER_CLIENT) -> None:
         self.max_pending = max_pending
+        self.max_per_client = per_client
         self._pending: dict[str, Approval] = {}
+        self._by_client: dict[str, int] = {}
         self._finished: collections.OrderedDict[str, Approval] = collections.OrderedDict()
         self._watchers: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self._standing: dict[tuple[str, str, str], Standing] = {}
@@ -179,16 +199,25 @@ class Approvals:
         self, *, client: str, method: str, arguments: Any, params_sha256: str, session_id: str | None,
         channels: frozenset[str], timeout: float,
     ) -> Approval:
-        """A new pending approval for one call. Raises Overloaded when too many are pending."""
+        """A new pending approval for one call. Raises Overloaded when too many are pending (or this client's share
+        of them is), InvalidParams when its arguments are too large for a person to review."""
+        size = len(jsonrpc.dumps(arguments))
+        if size > MAX_ARGUMENT_BYTES:
+            raise InvalidParams(f"{method} needs a person's confirmation, and its arguments ({size} bytes) are more "
+                                f"than the {MAX_ARGUMENT_BYTES} a person is shown", {"limit": MAX_ARGUMENT_BYTES})
         if len(self._pending) >= self.max_pending:
             raise Overloaded(f"more than {self.max_pending} calls are waiting for confirmation; retry later",
                              {"pending_approvals": len(self._pending)})
+        if self._by_client.get(client, 0) >= self.max_per_client:
+            raise Overloaded(f"{self.max_per_client} calls of this client are waiting for confirmation already; "
+                             "retry once some are answered", {"pending_approvals": self.max_per_client})
         approval_id = secrets.token_hex(ID_BYTES)
         while approval_id in self._pending or approval_id in self._finished:
             approval_id = secrets.token_hex(ID_BYTES)
         approval = Approval(approval_id, client, method, arguments, params_sha256, session_id,
                             channels | {CLI}, timeout)
         self._pending[approval_id] = approval
+        self._by_client[client] = self._by_client.get(client, 0) + 1
         logger.info("approval %s opened: client=%s method=%s (expires in %gs)", approval_id, client, method, timeout)
         self._tell("pending", approval)
         return approval
@@ -226,8 +255,8 @@ class Approvals:
             return Answer(False, f"approval {approval_id} does not take answers from the {channel} channel", approval)
         state = State.APPROVED if approve else State.DENIED
         self._finish(approval, state, by, channel, reason)
-        message = (f"approval {approval_id} {state.value}: {approval.client} may "
-                   f"{'now run' if approve else 'not run'} {approval.method}")
+        message = (f"approval {approval_id} {state.value}: {display.shown(approval.client)} may "
+                   f"{'now run' if approve else 'not run'} {display.shown(approval.method)}")
         if allow_again_for is not None:
             standing = Standing(approval.client, approval.method, approval.params_sha256,
                                 time.time() + allow_again_for, by, approval.id)
@@ -279,6 +308,14 @@ class Approvals:
         approval.state, approval.decided_by, approval.channel, approval.reason = state, by, channel, reason
         approval.done.set()
         del self._pending[approval.id]
+        left = self._by_client.get(approval.client, 0) - 1
+        if left > 0:
+            self._by_client[approval.client] = left
+        else:
+            self._by_client.pop(approval.client, None)
+        size = len(jsonrpc.dumps(approval.arguments))
+        if size > FINISHED_ARGUMENT_BYTES:
+            approval.arguments = f"[{size} bytes of arguments, not kept once the approval was {state.value}]"
         self._finished[approval.id] = approval
         while len(self._finished) > FINISHED_KEPT:
             self._finished.popitem(last=False)

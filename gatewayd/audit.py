@@ -28,6 +28,26 @@ then the event's own fields. JSON escapes C0 controls; DEL, C1 controls (8-bit C
 U+2028/U+2029 and the bidi controls are escaped too, so no string can end a line or disguise one. After
 a crash the last line may be torn; the next start begins on a fresh line.
 
+Bounds. A client chooses `method` and `request_id` and can make them megabytes long; so that it
+cannot turn a within-limits request rate into a flood of disk writes, the fields a caller can reach
+(`method`, `request_id`, `trace_id`, `client`, `session`) are cut to FIELD_MAX_CHARS at encode time
+(`_cut`: a prefix, then how much was dropped); a request id that is not a string, an integer or
+null is written as its summary if it makes the line that long. The params are already bounded
+(`summarize`). A record still longer than RECORD_MAX_CHARS (a field nobody bounded) is written as
+its summary, marked `summarized_from_chars`. Only a line longer than FIELD_MAX_CHARS can hold a
+field to cut, so a typical record pays one length check, in the writer thread, and `queue` nothing.
+
+Disk reserve. `AuditLog(path, reserve_bytes=N)` keeps N bytes of the audit file system for durable
+records: while less than that is free, ordinary records are dropped (counted in `records_failed`
+and `records_dropped_for_space`, logged at ERROR once when it starts, at WARNING once when it ends,
+`status()["space_low"]`), and durable ones are still written while there is any room at all. So a
+flood of ordinary records (or anything else filling that disk) stops dangerous calls only once the
+disk is really full, not before. The writer measures free space (`fstatvfs` of the open file) when
+it opens the file, then again after SPACE_CHECK_INTERVAL or SPACE_CHECK_BYTES written, whichever
+comes first, and sooner when its own count of bytes says the reserve may be crossed; ordinary
+records stop within one batch of the reserve and resume once free space is SPACE_RESUME_MARGIN
+above it. The log stays healthy meanwhile: `healthy` means a durable record can be written.
+
 `AuditLog(None)` disables auditing: every record is dropped and succeeds. The daemon's default
 is a real path, so dangerous calls are audited unless an operator turns auditing off.
 """
@@ -75,6 +95,20 @@ MAX_BATCH = 256
 REOPEN_RETRY_INTERVAL = 5.0
 # Lost records are reported at most this often, with a count, so a dead disk cannot flood the daemon's log.
 FAILURE_LOG_INTERVAL = 10.0
+# Free space is measured again this often, to see other writers fill the disk and space come back; one
+# fstatvfs a second costs nothing.
+SPACE_CHECK_INTERVAL = 1.0
+# ...and after this much written, since the writer's own count (free minus what it wrote) misses blocks and metadata.
+SPACE_CHECK_BYTES = 1024 * 1024
+# Ordinary records resume only once free space is this fraction of the reserve above it, so a disk that hovers
+# at the line does not flip between dropping and writing (and log each flip).
+SPACE_RESUME_MARGIN = 1 / 8
+
+# Longest method, request id, trace id, client or session written whole: far above any real one (tool names are
+# short, ids are counters or UUIDs), and still a line of a few KiB plus the params summary.
+FIELD_MAX_CHARS = 1024
+# A summary is under ~16 KiB and every other field is short: a longer line holds a field nobody bounded.
+RECORD_MAX_CHARS = 64 * 1024
 
 # summarize() bounds, so a summary stays under ~16 KiB whatever the arguments.
 SUMMARY_MAX_STRING = 200
@@ -99,6 +133,10 @@ _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 _UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 # The writer puts these first itself; an event cannot set them.
 _FRAMED = ("seq", "time")
+# The fields a caller reaches (a client sends method and id); the writer cuts them to FIELD_MAX_CHARS.
+_BOUNDED = ("method", "request_id", "trace_id", "client", "session")
+# Integers from here on have more digits than FIELD_MAX_CHARS.
+_HUGE_INT = 10**FIELD_MAX_CHARS
 
 
 # The canonical form params_hash hashes.
@@ -262,10 +300,10 @@ def _encode_body(event: dict[str, Any]) -> bytes:
     fields = {key: value for key, value in event.items() if key not in _FRAMED} if _FRAMED & event.keys() else event
     try:
         text = _ENCODER(fields)
+        if len(text) > FIELD_MAX_CHARS:  # a shorter line cannot hold a field to cut: most records stop here
+            text = _bounded(fields, text)
     except (TypeError, ValueError, RecursionError) as exc:
-        # A NaN or a cycle is a bug in the caller, but the call must still leave a record.
-        text = json.dumps({"unencodable_event": _cut(repr(event), SUMMARY_MAX_STRING * 10), "error": str(exc)},
-                          ensure_ascii=False)
+        text = _unencodable(event, exc)
     if not text.isascii() or "\x7f" in text:  # the common case skips the scan
         text = _UNSAFE.sub(lambda match: f"\\u{ord(match[0]):04x}", text)
     tail = "}" if text == "{}" else "," + text[1:]
@@ -273,9 +311,57 @@ def _encode_body(event: dict[str, Any]) -> bytes:
     return (tail + "\n").encode("utf-8", "backslashreplace")
 
 
+def _bounded(fields: dict[str, Any], text: str) -> str:
+    """`text`, the encoded `fields`, again with the fields a caller reaches cut, and summarized if still too long."""
+    changed: dict[str, Any] | None = None
+    for key in _BOUNDED:
+        value = fields.get(key)
+        kind = type(value)
+        # The usual case, checked inline: a long params summary brings most records here with nothing to cut.
+        if value is None or (kind is str and len(value) <= FIELD_MAX_CHARS) or (
+                kind is int and -_HUGE_INT < value < _HUGE_INT):
+            continue
+        bounded = _bounded_field(value)
+        if bounded is not value:
+            changed = changed if changed is not None else dict(fields)
+            changed[key] = bounded
+    if changed is not None:
+        fields = changed
+        text = _ENCODER(fields)
+    if len(text) > RECORD_MAX_CHARS:
+        text = _ENCODER({**summarize(fields), "summarized_from_chars": len(text)})
+    return text
+
+
+def _bounded_field(value: Any) -> Any:
+    """`value` itself if it is short, else a bounded stand-in."""
+    kind = type(value)
+    if kind is str:
+        return _cut(value, FIELD_MAX_CHARS)
+    if kind is int:
+        return value if -_HUGE_INT < value < _HUGE_INT else _cut(str(value), FIELD_MAX_CHARS)
+    if value is None or kind is bool or kind is float:
+        return value
+    return summarize(value)
+
+
+def _unencodable(event: dict[str, Any], exc: Exception) -> str:
+    """A record saying the event could not be encoded: a NaN, a cycle or an integer too long for text is a bug in
+    the caller, but the call must still leave a record."""
+    try:
+        shown = _cut(repr(event), SUMMARY_MAX_STRING * 10)
+    except (ValueError, RecursionError):  # what made encoding fail can make repr fail too
+        shown = f"<{len(event)} fields>"
+    return json.dumps({"unencodable_event": shown, "error": str(exc)}, ensure_ascii=False)
+
+
 def _describe(exc: OSError) -> str:
     name = errno.errorcode.get(exc.errno or 0, "")
     return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)
+
+
+def _size(count: int | None) -> str:
+    return "an unknown amount" if count is None else f"{count / (1024 * 1024):.1f} MiB"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -284,9 +370,8 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _start_on_fresh_line(fd: int) -> None:
+def _start_on_fresh_line(fd: int, info: os.stat_result) -> None:
     """If the file ends in a torn line (a crash mid-write), end it so the next record stands alone."""
-    info = os.fstat(fd)
     if stat.S_ISREG(info.st_mode) and info.st_size > 0 and os.pread(fd, 1, info.st_size - 1) != b"\n":
         _write_all(fd, b"\n")
 
@@ -299,6 +384,60 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class _Space:
+    """Whether the audit file system has less free space than the reserve; for the writer thread only.
+
+    Measured (fstatvfs of the open file: the file system it is really on) when the file opens, then again once
+    SPACE_CHECK_INTERVAL has passed or SPACE_CHECK_BYTES were written, or sooner when free space as last measured
+    minus what the writer wrote since says the reserve may have been crossed. Between those, one clock read.
+    """
+
+    def __init__(self, reserve: int) -> None:
+        self.reserve = reserve
+        self.free: int | None = None  # as last measured; None: no reserve, not a regular file, or not measurable
+        self._below = False
+        self._applies = False
+        self._measured_at = -math.inf
+        self._written = 0
+
+    def opened(self, fd: int, info: os.stat_result) -> None:
+        # Free space on the file system of a FIFO or a device says nothing about room for records.
+        self._applies = self.reserve > 0 and stat.S_ISREG(info.st_mode)
+        self.free = None
+        if self._applies:
+            self._measure(fd)
+        else:
+            self._below = False
+
+    def low(self, fd: int) -> bool:
+        """Whether ordinary records must be dropped now, measuring again if due."""
+        if self._applies and self._due():
+            self._measure(fd)
+        return self._below
+
+    def wrote(self, count: int) -> None:
+        self._written += count
+
+    def _due(self) -> bool:
+        if self._written >= SPACE_CHECK_BYTES or time.monotonic() - self._measured_at >= SPACE_CHECK_INTERVAL:
+            return True
+        # Not yet dropping, and by the writer's own count the reserve may be reached: look before going on.
+        return not self._below and self.free is not None and self.free - self._written < self.reserve
+
+    def _measure(self, fd: int) -> None:
+        self._measured_at = time.monotonic()
+        self._written = 0
+        try:
+            info = os.fstatvfs(fd)
+        except OSError:
+            self.free, self._below = None, False  # cannot tell: never drop records on a guess
+            return
+        # f_bavail: what an unprivileged writer may still use (the daemon's user), not the root-only reserve.
+        self.free = info.f_bavail * info.f_frsize
+        line = self.reserve * (1 + SPACE_RESUME_MARGIN) if self._below else self.reserve
+        self._below = self.free < line
 
 
 # -- the log -------------------------------------------------------------------------------
@@ -347,7 +486,9 @@ class AuditLog:
     - durable records that wait together share one fsync.
     """
 
-    def __init__(self, path: Path | None, *, write_timeout: float = WRITE_TIMEOUT) -> None:
+    def __init__(self, path: Path | None, *, write_timeout: float = WRITE_TIMEOUT, reserve_bytes: int = 0) -> None:
+        """`reserve_bytes`: free space on the file's file system below which ordinary records are dropped so that
+        durable ones still fit (0: none)."""
         self.path = path
         self.enabled = path is not None
         self._timeout = write_timeout
@@ -369,6 +510,8 @@ class AuditLog:
         self._unsynced: list[_Record | _Flush] = []
         self._last_open = -math.inf
         self._broken = False
+        self._space = _Space(reserve_bytes)
+        self._dropped_in_episode = 0
         # Shared with the event loop's thread (status(), dropped records): guarded by _lock.
         self._lock = threading.Lock()
         self._seq = 0
@@ -378,6 +521,9 @@ class AuditLog:
         self._busy_since: float | None = None
         self._unreported = 0
         self._last_report = -math.inf
+        self._space_low = False
+        self._free_bytes: int | None = None
+        self._dropped_for_space = 0
 
     # -- event loop side -------------------------------------------------------------------
 
@@ -465,7 +611,9 @@ class AuditLog:
 
     def status(self) -> dict[str, Any]:
         """Path, health, last error, the last sequence number, records written, and records failed: not
-        written, or durable ones whose fsync failed (those may also be in the file, with their seq)."""
+        written, or durable ones whose fsync failed (those may also be in the file, with their seq). Then the
+        disk reserve: whether free space is below it (`space_low`: ordinary records are being dropped), the free
+        space last measured (None: no reserve, or not measurable), and the ordinary records dropped for it."""
         with self._lock:
             stuck = self._busy_since is not None and time.monotonic() - self._busy_since > self._timeout
             return {
@@ -476,6 +624,10 @@ class AuditLog:
                 "records_written": self._written,
                 "records_failed": self._failed,
                 "seq": self._seq,
+                "space_low": self._space_low,
+                "free_bytes": self._free_bytes,
+                "reserve_bytes": self._space.reserve,
+                "records_dropped_for_space": self._dropped_for_space,
             }
 
     async def _wait(self, done: Done) -> str | None:
@@ -586,16 +738,20 @@ class AuditLog:
             for item in run:
                 self._settle(item.done, reason)
             return
+        run = self._within_reserve(self._fd, run)
+        if not run:
+            return
         first = self._seq + 1
-        lines = [b'{"seq":%d,"time":"%s"' % (first + n, item.stamp.encode()) + _encode_body(item.event)
-                 for n, item in enumerate(run)]
+        data = b"".join([b'{"seq":%d,"time":"%s"' % (first + n, item.stamp.encode()) + _encode_body(item.event)
+                         for n, item in enumerate(run)])
         try:
-            _write_all(self._fd, b"".join(lines))
+            _write_all(self._fd, data)
         except OSError as exc:
             # Counted and answered with the others that now cannot be synced.
             self._unsynced.extend(item for item in run)
             self._fail(f"write failed: {_describe(exc)}")
             return
+        self._space.wrote(len(data))
         with self._lock:
             self._seq = first + len(run) - 1
             self._written += len(run)
@@ -603,6 +759,41 @@ class AuditLog:
             self._broken = False
             logger.warning("audit log %s is writable again", self.path)
         self._unsynced.extend(item for item in run if item.done is not None)
+
+    def _within_reserve(self, fd: int, run: list[_Record]) -> list[_Record]:
+        """The records of `run` to write: all of them, or while free space is below the reserve only the durable
+        ones (before encoding, so a flood of dropped records costs little)."""
+        low = self._space.low(fd)
+        if low != self._space_low:
+            self._space_changed(low)
+        with self._lock:
+            self._free_bytes = self._space.free
+        if not low:
+            return run
+        kept = [item for item in run if item.done is not None]
+        if len(kept) < len(run):
+            dropped = len(run) - len(kept)
+            self._dropped_in_episode += dropped
+            with self._lock:
+                self._failed += dropped
+                self._dropped_for_space += dropped
+        return kept
+
+    def _space_changed(self, low: bool) -> None:
+        """Say once that ordinary records stop for want of space, and once that they resume."""
+        free, reserve = _size(self._space.free), _size(self._space.reserve)
+        with self._lock:
+            self._space_low = low
+            if low:
+                self._last_error = f"{free} free on the audit file system, less than the reserve of {reserve}"
+        if low:
+            logger.error("audit log %s: %s free on its file system, less than the reserve of %s "
+                         "(audit_reserve_bytes): ordinary records are dropped until space is freed; those of "
+                         "dangerous and confirmed calls are still written", self.path, free, reserve)
+        else:
+            logger.warning("audit log %s: %s free again; ordinary records are written again (%d were dropped)",
+                           self.path, free, self._dropped_in_episode)
+            self._dropped_in_episode = 0
 
     def _sync(self) -> None:
         if not self._unsynced:
@@ -629,13 +820,17 @@ class AuditLog:
             self._fail(f"cannot open: {_describe(exc)}")
             return
         try:
-            _start_on_fresh_line(fd)
+            info = os.fstat(fd)
+            _start_on_fresh_line(fd, info)
         except OSError as exc:
             os.close(fd)
             self._fail(f"cannot write: {_describe(exc)}")
             return
         _sync_directory(self.path.parent)
         self._fd = fd
+        self._space.opened(fd, info)
+        with self._lock:
+            self._free_bytes = self._space.free
         if not self._broken:
             logger.info("audit log: %s", self.path)
 

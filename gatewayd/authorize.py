@@ -5,10 +5,15 @@ alike raise the route's "unknown" error (only a client that may call a method le
 exists, and only then may the server start to say); broken argument rules raise `-32602` naming the
 rule; a notification that needs a person never runs; a call that needs one comes back with its
 confirmation options; a dangerous call goes on only once its decision is durably in the audit log.
-Does not own the policy itself (policy.py) or asking the person (confirmation.py).
+The decision is made on the config generation current when it is made (the client's token was
+checked when its request arrived, maybe long before), and `still_allowed` makes it again just
+before the call is sent: a reload that removed the permission meanwhile stops the call. Does not
+own the policy itself (policy.py) or asking the person (confirmation.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from gatewayd import policy
 from gatewayd.calls import NOTIFICATION, Call, Target
@@ -21,7 +26,12 @@ from gatewayd.routing import unknown
 
 async def authorize(call: Call, target: Target, records: Records) -> ConfirmOptions | None:
     """Allow the call (None), or say how a person must confirm it; raise if it may not run."""
-    server, method, principal = target.server, target.method, call.ctx.principal
+    server, method = target.server, target.method
+    principal = call.ctx.current_principal()
+    if principal is None:
+        records.decided(call, "deny", reason="the client was removed by a config reload")
+        raise unknown(call)
+    call.ctx.principal = principal
     verdict = policy.decide(principal, target.canonical, call.arguments,
                             confirm_required=server.needs_confirmation(method))
     if verdict.decision is Decision.DENY and not verdict.refused_arguments:
@@ -43,6 +53,24 @@ async def authorize(call: Call, target: Target, records: Records) -> ConfirmOpti
     else:
         records.decided(call, "allow", rule=rule)
     return None
+
+
+def still_allowed(call: Call, target: Target, records: Records) -> Callable[[], None] | None:
+    """A check, made just before the call is sent, that raises the route's "unknown" error if the client may no
+    longer make it; None when nothing can have changed (no reload can reach this caller's permissions)."""
+    if call.ctx.authority is None:
+        return None
+
+    def check() -> None:
+        principal = call.ctx.current_principal()
+        allowed = principal is not None and policy.decide(
+            principal, target.canonical, call.arguments, confirm_required=target.server.needs_confirmation(
+                target.method)).decision is not Decision.DENY
+        if not allowed:
+            records.decided(call, "deny", reason="a config reload removed the permission before the call ran")
+            raise unknown(call)
+
+    return check
 
 
 async def _needs_confirmation(

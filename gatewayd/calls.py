@@ -1,11 +1,11 @@
 """One call on its way through the pipeline (gateway.py): who asks, how, and for what.
 
 Owns `CallContext` (the caller: its principal, the tool servers of the config generation read
-when its HTTP request began, its session, where the call's notifications go and how to learn
-that the caller went away), `Call` (one request or notification as every step sees it: route,
-id, the name as the caller spelled it, the canonical method once routed, the arguments rules see,
-and the audit fields the steps share) and `Target` (one tool server and one of its methods).
-Does not own any step itself.
+when its HTTP request began, how to look up its permissions in the generation current now, its
+session, where the call's notifications go and how to learn that the caller went away), `Call`
+(one request or notification as every step sees it: route, id, the name as the caller spelled
+it, the canonical method once routed, the arguments rules see, and the audit fields the steps
+share) and `Target` (one tool server and one of its methods). Does not own any step itself.
 """
 
 from __future__ import annotations
@@ -29,19 +29,29 @@ NOTIFICATION = "notification"
 Emit = Callable[[dict[str, Any]], None]
 # Registers a callback for when the caller's connection goes away; returns a function that unregisters it.
 OnDisconnect = Callable[[Callable[[], None]], Callable[[], None]]
+# A client's principal in the config generation current now; None once a reload removed the client.
+Authority = Callable[[str], Principal | None]
 
 
 @dataclass
 class CallContext:
     """Who is calling, with which tool servers (its request's config generation, kept to its end), in which
-    session, where the call's notifications go (None: nowhere), and how to learn that the caller went away
-    (None: never known)."""
+    session, where the call's notifications go (None: nowhere), how to learn that the caller went away
+    (None: never known), and how to look up what the client may do now (None: `principal` stays right)."""
 
     principal: Principal
     servers: Mapping[str, Upstream]
     session: Session | None = None
     emit: Emit | None = None
     on_disconnect: OnDisconnect | None = None
+    authority: Authority | None = None
+
+    def current_principal(self) -> Principal | None:
+        """The client's principal in the config generation current now (a reload may have changed or removed it
+        since the request's token was checked)."""
+        if self.authority is None:
+            return self.principal
+        return self.authority(self.principal.name)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Command lines: `gatewayd` runs the daemon, `gatewayctl` drives it. Parsing and printing only.
 
 Every verb calls into the module that owns its logic; errors print as one line naming the
-file and key, never a traceback, with a non-zero exit status.
+file and key, never a traceback, with a non-zero exit status. What the running daemon reports
+(an agent's arguments, names a client or tool server chose) reaches the terminal only through
+display.shown: no control or bidi character of theirs is printed raw; `--json` prints ASCII JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gatewayd import __version__
+from gatewayd import __version__, display
 from gatewayd.admin import AdminClient, AdminUnavailable
 from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
@@ -257,21 +259,31 @@ def _ask_text(args: argparse.Namespace, route: str) -> tuple[int, str]:
     return asyncio.run(_admin(args).text(route))
 
 
+def _say(text: str, *, ok: bool = True) -> None:
+    """Print a line the daemon reported (to stderr when it says no), escaped for the terminal."""
+    print(display.shown(text), file=sys.stdout if ok else sys.stderr)
+
+
+def _print_json(value: Any) -> None:
+    # ASCII: every control, bidi and format character arrives as a JSON escape, not as itself.
+    print(json.dumps(value, indent=2, ensure_ascii=True))
+
+
 def _approvals(args: argparse.Namespace) -> int:
     _, body = _ask(args, "GET", "/approvals")
     pending = body.get("approvals", [])
     if args.json:
-        print(json.dumps(pending, indent=2, ensure_ascii=False))
+        _print_json(pending)
         return 0
     for item in body.get("standing", []):
-        print(f"allowed again: {item['client']} {item['method']} (same arguments) for {item['expires_in_s']:.0f}s "
-              f"more, by approval {item['approval_id']}; end it with: gatewayctl revoke {item['approval_id']}")
+        _say(f"allowed again: {item['client']} {item['method']} (same arguments) for {item['expires_in_s']:.0f}s "
+             f"more, by approval {item['approval_id']}; end it with: gatewayctl revoke {item['approval_id']}")
     if not pending:
         print("no calls are waiting for confirmation")
         return 0
     rows: list[tuple[str, ...]] = [("ID", "CLIENT", "METHOD", "AGE", "EXPIRES IN", "ARGUMENTS")]
     for item in pending:
-        shown = json.dumps(item["arguments"], ensure_ascii=False)
+        shown = display.shown_json(item["arguments"])
         if len(shown) > ARGUMENTS_COLUMN:
             shown = shown[:ARGUMENTS_COLUMN - 1] + "…"
         rows.append((item["id"], item["client"], item["method"], f"{item['age_s']:.0f}s",
@@ -294,31 +306,31 @@ def _decide(args: argparse.Namespace) -> int:
     if getattr(args, "allow_again_for", None) is not None:
         body["allow_again_for"] = args.allow_again_for
     _, answer = _ask(args, "POST", f"/approvals/{args.id}/{args.verb}", body or None)
-    print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
+    _say(str(answer.get("message", answer)), ok=bool(answer.get("ok")))
     return 0 if answer.get("ok") else EXIT_REFUSED
 
 
 def _revoke(args: argparse.Namespace) -> int:
     _, answer = _ask(args, "DELETE", f"/approvals/{args.id}/standing")
-    print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
+    _say(str(answer.get("message", answer)), ok=bool(answer.get("ok")))
     return 0 if answer.get("ok") else EXIT_REFUSED
 
 
 def _status(args: argparse.Namespace) -> int:
     _, body = _ask(args, "GET", "/status")
     if args.json:
-        print(json.dumps(body, indent=2, ensure_ascii=False))
+        _print_json(body)
         return 0
     audit, config = body["audit"], body["config"]
     print(f"gatewayd {body['version']}  pid {body['pid']}  up {body['uptime_s']:.0f}s  sessions {body['sessions']}  "
-          f"pending approvals {body['pending_approvals']}  audit {'ok' if audit['healthy'] else 'FAILING'}")
+          f"pending approvals {body['pending_approvals']}  audit {_audit_health(audit)}")
     sync = "matches the files" if config["in_sync"] else "files on disk differ: run gatewayctl reload"
     print(f"config {config['config_dir']}: generation {config['generation']} ({sync})")
     last = config["last_reload"]
     if last is not None and not last["ok"]:
-        print(f"last reload FAILED ({last['trigger']}):")
+        _say(f"last reload FAILED ({last['trigger']}):")
         for error in last["errors"]:
-            print(f"  {error}")
+            _say(f"  {error}")
     rows: list[tuple[str, ...]] = [("SERVER", "STATE", "PID", "UPTIME", "RESTARTS", "IN FLIGHT", "LAST EXIT")]
     for name, server in body["servers"].items():
         rows.append(_server_row(name, server))
@@ -326,12 +338,20 @@ def _status(args: argparse.Namespace) -> int:
     _print_table(rows)
     for session in body["session_list"]:
         stream = "  GET stream open" if session["stream_open"] else ""
-        print(f"session {session['id']}…  client {session['client']}  MCP {session['version']}  "
-              f"up {session['age_s']:.0f}s  idle {session['idle_s']:.0f}s{stream}")
+        _say(f"session {session['id']}…  client {session['client']}  MCP {session['version']}  "
+             f"up {session['age_s']:.0f}s  idle {session['idle_s']:.0f}s{stream}")
     for approval in body["approvals"]:
-        print(f"waiting for approval: {approval['id']}  {approval['client']}  {approval['method']}  "
-              f"{approval['expires_in_s']:.0f}s left")
+        _say(f"waiting for approval: {approval['id']}  {approval['client']}  {approval['method']}  "
+             f"{approval['expires_in_s']:.0f}s left")
     return 0
+
+
+def _audit_health(audit: dict[str, Any]) -> str:
+    if not audit["healthy"]:
+        return "FAILING"
+    if audit.get("space_low"):
+        return f"LOW SPACE ({audit.get('records_dropped_for_space', 0)} ordinary records dropped)"
+    return "ok"
 
 
 def _server_row(name: str, server: dict[str, Any]) -> tuple[str, ...]:
@@ -346,14 +366,14 @@ def _reload(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     elif not result["ok"]:
         for error in result["errors"]:
-            print(f"gatewayctl: config error: {error}", file=sys.stderr)
+            _say(f"gatewayctl: config error: {error}", ok=False)
         print(f"gatewayctl: reload refused; generation {result['generation']} keeps running", file=sys.stderr)
     elif not result["changed"]:
         print(f"config unchanged (generation {result['generation']})")
     else:
         print(f"reloaded: generation {result['generation']}")
         for line in _diff_lines(result):
-            print(f"  {line}")
+            _say(f"  {line}")
     return 0 if result["ok"] else EXIT_CONFIG
 
 
@@ -375,11 +395,13 @@ def _metrics(args: argparse.Namespace) -> int:
 
 def _restart(args: argparse.Namespace) -> int:
     _, answer = _ask(args, "POST", f"/servers/{args.server}/restart")
-    print(answer.get("message", answer), file=sys.stdout if answer.get("ok") else sys.stderr)
+    _say(str(answer.get("message", answer)), ok=bool(answer.get("ok")))
     return 0 if answer.get("ok") else EXIT_REFUSED
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:
+    # Escaped before the widths are measured, so the columns line up as printed.
+    rows = [tuple(display.shown(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

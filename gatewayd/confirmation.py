@@ -11,11 +11,10 @@ records' shape (records.py).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
-from gatewayd import approvals
+from gatewayd import approvals, display
 from gatewayd.calls import Call, CallContext, request_key
 from gatewayd.config.models import ConfirmOptions
 from gatewayd.errors import ConfirmationDenied, ConfirmationExpired, RequestCancelled
@@ -120,11 +119,13 @@ class ConfirmationGate:
         assert ctx.emit is not None and ctx.session is not None
         request_id = f"gatewayd-approval-{approval.id}"
         key = request_key(ctx, request_id)
-        shown = json.dumps(approval.arguments, ensure_ascii=False)
+        # The caller wrote these arguments, and its user is asked to trust them: nothing in them may reorder, hide
+        # or restyle the question (display.py). The call still runs with exactly the arguments it sent.
+        shown = display.shown_json(approval.arguments)
         if len(shown) > ELICIT_ARGUMENTS_CHARS:
             shown = shown[:ELICIT_ARGUMENTS_CHARS] + f"… ({len(shown) - ELICIT_ARGUMENTS_CHARS} more characters)"
-        message = (f"{approval.client} wants to run {approval.method} with arguments {shown}. "
-                   f"Allow it to run once? (approval {approval.id})")
+        message = (f"{display.shown(approval.client)} wants to run {display.shown(approval.method)} with arguments "
+                   f"{shown}. Allow it to run once? (approval {approval.id})")
         who = f"the user of client {approval.client} (elicitation)"
 
         def deliver(response: Response) -> None:

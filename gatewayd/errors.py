@@ -215,7 +215,12 @@ class Unauthenticated(Exception):
 
 
 class TooManySessions(Exception):
-    """Every MCP session slot is taken (sessions.py); HTTP 503, try again a little later."""
+    """Every MCP session slot is taken (HTTP 503), or the client holds its whole share of them (HTTP 429)
+    (sessions.py); try again a little later, or end a session first."""
+
+    def __init__(self, reason: str, *, client_share: bool = False) -> None:
+        super().__init__(reason)
+        self.client_share = client_share
 
 
 # The realm a 401 names; a presented token that matched nobody is also told `error="invalid_token"` (RFC 6750).
@@ -229,7 +234,7 @@ def refusal(exc: Unauthenticated | TooManySessions) -> HttpError:
     if isinstance(exc, Unauthenticated):
         challenge = BEARER_CHALLENGE + (', error="invalid_token"' if exc.invalid_token else "")
         return HttpError(401, exc.reason, {"WWW-Authenticate": challenge})
-    return HttpError(503, str(exc), {"Retry-After": str(SESSIONS_RETRY_AFTER)})
+    return HttpError(429 if exc.client_share else 503, str(exc), {"Retry-After": str(SESSIONS_RETRY_AFTER)})
 
 
 class ConfigError(Exception):

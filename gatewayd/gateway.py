@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from gatewayd import __version__, calls, jsonrpc
-from gatewayd.authorize import authorize
+from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext
 from gatewayd.catalog import Catalog
 from gatewayd.confirmation import ConfirmationGate
@@ -71,7 +71,7 @@ class Gateway:
         try:
             target = route(call, self.catalog, self.records)
             await authorize(call, target, self.records)
-            if not await send(call, target):
+            if not await send(call, target, still_allowed(call, target, self.records)):
                 # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
                 logger.info("client=%s notification %s dropped: MCP tools need a request", ctx.principal.name,
                             message.method)
@@ -106,7 +106,7 @@ class Gateway:
             with self.inflight.track(call):
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
-                result = await forward(call, target)
+                result = await forward(call, target, still_allowed(call, target, self.records))
         except GatewayError as exc:
             self.records.outcome(call, exc.error_type, error_code=exc.code)
             raise

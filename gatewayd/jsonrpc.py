@@ -8,6 +8,7 @@ single-line encoding. Does not own: what a method means (gateway.py) or HTTP (we
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,12 @@ from gatewayd.errors import GatewayError, InvalidRequest, ParseError, error_resp
 
 JsonId = str | int | None
 Params = dict[str, Any] | list[Any] | None
+
+# A request id or a method name is a short label. Longer ones are refused (Invalid Request) at the door, before an
+# answer must echo them back or an audit record and a log line carry them.
+MAX_ID_CHARS = 256
+MAX_ID_INT = 2**63
+MAX_METHOD_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +86,15 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+def _finite(text: str) -> float:
+    # A number too large for a double (1e400) would become Infinity, which no JSON peer can read back.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:40]} is too large for a JSON number")
+    return value
+
+
+_decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite)
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -99,16 +114,42 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
+class _TooManyObjects(ValueError):
+    pass
+
+
+def _counting_decoder(limit: int) -> json.JSONDecoder:
+    """A decoder like `_decoder` that stops at the `limit`-th + 1 object instead of parsing the rest."""
+    seen = 0
+
+    def no_duplicates_counted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal seen
+        seen += 1
+        if seen > limit:
+            raise _TooManyObjects(f"more than {limit} JSON objects")
+        return _no_duplicates(pairs)
+
+    return json.JSONDecoder(object_pairs_hook=no_duplicates_counted, parse_constant=_no_constants,
+                            parse_float=_finite)
+
+
 def loads(data: bytes | str) -> Any:
-    """Decode JSON strictly: duplicate keys are refused. Raises ValueError or RecursionError."""
+    """Decode JSON strictly: duplicate keys and numbers that are not finite are refused. Raises ValueError or
+    RecursionError."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     return _decoder.decode(text)
 
 
-def parse_body(data: bytes, *, max_depth: int, max_batch: int) -> Body:
+def parse_body(data: bytes, *, max_depth: int, max_batch: int, max_objects: int | None = None) -> Body:
     """Parse an HTTP body into messages. Raises ParseError or InvalidRequest for the body as a whole."""
     try:
-        value = loads(data)
+        # Fewer opening braces than the limit (counted at C speed, strings included) cannot be too many objects.
+        if max_objects is not None and data.count(b"{") > max_objects:
+            value = _counting_decoder(max_objects).decode(data.decode("utf-8"))
+        else:
+            value = loads(data)
+    except _TooManyObjects as exc:
+        raise InvalidRequest(f"Invalid Request: {exc}") from exc
     except _DuplicateKey as exc:
         raise InvalidRequest("Invalid Request: duplicate key in a JSON object") from exc
     except RecursionError as exc:
@@ -139,7 +180,11 @@ def _encodable(value: Any) -> bool:
 
 
 def _valid_id(value: Any) -> bool:
-    return value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+    if isinstance(value, str):
+        return len(value) <= MAX_ID_CHARS
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -MAX_ID_INT <= value < MAX_ID_INT
+    return value is None
 
 
 def parse_message(value: Any) -> Message:
@@ -168,6 +213,9 @@ def _parse_call(value: dict[str, Any], msg_id: JsonId) -> Message:
     params = value.get("params")
     if not isinstance(method, str) or not value.keys() <= _CALL_KEYS:
         return Invalid(msg_id, InvalidRequest("Invalid Request"))
+    if len(method) > MAX_METHOD_CHARS:
+        return Invalid(msg_id, InvalidRequest(f"Invalid Request: a method name is at most {MAX_METHOD_CHARS} "
+                                              "characters"))
     if "params" in value and not isinstance(params, dict | list):
         return Invalid(msg_id, InvalidRequest("Invalid Request: params must be an object or an array"))
     if "id" in value:
@@ -175,12 +223,14 @@ def _parse_call(value: dict[str, Any], msg_id: JsonId) -> Message:
     return Notification(method, params)
 
 
-# Made once: this runs twice per call.
-_encode = jsontext.encoder()
+# Made once: this runs twice per call. NaN and Infinity are not JSON: encoding one raises ValueError rather than
+# sending a peer a line it cannot parse (nothing parsed strictly can hold one).
+_encode = jsontext.encoder(allow_nan=False)
 
 
 def dumps(obj: Any) -> bytes:
-    """Compact single-line UTF-8 JSON: safe for one SSE `data:` line and one stdio line."""
+    """Compact single-line UTF-8 JSON: safe for one SSE `data:` line and one stdio line. Raises ValueError for a
+    number that is not finite."""
     return _encode(obj).encode("utf-8")
 
 

@@ -32,8 +32,10 @@ from gatewayd.config.models import METHOD_NAME, ArgRule, ClientLimits, ConfirmOp
 CANONICAL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.[A-Za-z0-9_./-]+")
 # A policy file's place in a decision when no file is known (tests, built-in principals).
 UNKNOWN_FILE = "<policy>"
-# Decisions a Principal remembers (method names come from clients, so the memo is emptied when full).
+# Decisions a Principal remembers (method names come from clients, so the memo is emptied when full)…
 DECISION_MEMO = 1024
+# …and the longest name it remembers one for, so the memo's size is bounded in bytes too.
+MEMO_NAME_CHARS = 512
 
 
 class Decision(enum.Enum):
@@ -167,7 +169,8 @@ def decide(principal: Principal, target: str, params: Any = None, *, confirm_req
     verdict = principal._decisions.get(key)
     if verdict is None:
         verdict = _decide(principal, target, params, confirm_required)
-        if not any(matches(pattern, target) for grant in principal.grants for pattern, _ in grant.args):
+        if len(target) <= MEMO_NAME_CHARS and not any(
+                matches(pattern, target) for grant in principal.grants for pattern, _ in grant.args):
             if len(principal._decisions) >= DECISION_MEMO:
                 principal._decisions.clear()
             principal._decisions[key] = verdict

@@ -13,10 +13,19 @@ from gatewayd.catalog import Catalog
 from gatewayd.errors import GatewayError, MethodNotFound, UnknownTool
 from gatewayd.records import Records
 
+# No tool server offers a longer name (a file name, a dot, and a tool name the MCP spec keeps to 128 characters);
+# a longer one is unknown at once, before it costs a pattern match or a place in a memo.
+MAX_NAME_CHARS = 512
+
 
 def route(call: Call, catalog: Catalog, records: Records) -> Target:
     """The target of the call; `call.method` becomes its canonical name. Raises `unknown(call)`."""
-    parts = catalog.split(call.name) if call.route == TOOLS_CALL else _split_direct(call.name)
+    if len(call.name) > MAX_NAME_CHARS:
+        parts = None
+    elif call.route == TOOLS_CALL:
+        parts = catalog.split(call.name)
+    else:
+        parts = _split_direct(call.name)
     server = call.ctx.servers.get(parts[0]) if parts is not None else None
     if server is None or parts is None:
         records.decided(call, "deny", reason="unknown")

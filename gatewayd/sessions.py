@@ -29,6 +29,11 @@ OUTBOUND_QUEUE_LIMIT = 256
 SESSION_ID_BYTES = 32
 # Characters of a session id shown to operators (status, audit): enough to correlate, useless to replay.
 SESSION_ID_SHOWN = 12
+# What a session keeps of the capabilities and client info `initialize` declared is cut to these sizes: a client
+# may send megabytes there, and a session lives for an hour. Real declarations are a few keys, two levels deep.
+KEPT_KEYS = 32
+KEPT_DEPTH = 3
+KEPT_STRING = 256
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
@@ -93,6 +98,27 @@ class Session:
         return LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.log_level)
 
 
+def kept(declared: Any, depth: int = 1) -> dict[str, Any]:
+    """What a session keeps of a declared object: at most KEPT_KEYS keys per object, KEPT_DEPTH levels, strings cut to
+    KEPT_STRING characters; lists and anything else are dropped."""
+    if not isinstance(declared, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in declared.items():
+        if len(out) >= KEPT_KEYS:
+            break
+        if len(key) > KEPT_STRING:
+            continue
+        if isinstance(value, dict):
+            if depth < KEPT_DEPTH:
+                out[key] = kept(value, depth + 1)
+        elif isinstance(value, str):
+            out[key] = value[:KEPT_STRING]
+        elif isinstance(value, bool | int | float) or value is None:
+            out[key] = value
+    return out
+
+
 def negotiate(requested: Any) -> str:
     """The version to answer `initialize` with: the client's if supported, else our latest."""
     return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
@@ -101,9 +127,11 @@ def negotiate(requested: Any) -> str:
 class Sessions:
     """All live sessions."""
 
-    def __init__(self, max_sessions: int, idle_timeout: float) -> None:
+    def __init__(self, max_sessions: int, idle_timeout: float, per_client: int | None = None) -> None:
         self._by_id: dict[str, Session] = {}
+        self._per_client: dict[str, int] = {}
         self.max_sessions = max_sessions
+        self.max_per_client = per_client or max_sessions
         self.idle_timeout = idle_timeout
 
     def __len__(self) -> int:
@@ -114,20 +142,23 @@ class Sessions:
         return list(self._by_id.values())
 
     def create(self, client: str, params: dict[str, Any]) -> Session:
-        """A new session of `client` for an `initialize` request. Raises TooManySessions when at the limit."""
+        """A new session of `client` for an `initialize` request. Raises TooManySessions when at the limit, or when
+        the client holds its share of them."""
         self.expire()
+        if self._per_client.get(client, 0) >= self.max_per_client:
+            raise TooManySessions(f"this client holds {self.max_per_client} MCP sessions already: end one (DELETE)",
+                                  client_share=True)
         if len(self._by_id) >= self.max_sessions:
             raise TooManySessions("too many MCP sessions")
-        capabilities = params.get("capabilities")
-        client_info = params.get("clientInfo")
         session = Session(
             id=secrets.token_urlsafe(SESSION_ID_BYTES),
             client=client,
             protocol_version=negotiate(params.get("protocolVersion")),
-            capabilities=capabilities if isinstance(capabilities, dict) else {},
-            client_info=client_info if isinstance(client_info, dict) else {},
+            capabilities=kept(params.get("capabilities")),
+            client_info=kept(params.get("clientInfo")),
         )
         self._by_id[session.id] = session
+        self._per_client[client] = self._per_client.get(client, 0) + 1
         logger.info("session created for client=%s (%s, %d live)", client, session.protocol_version, len(self))
         return session
 
@@ -143,6 +174,11 @@ class Sessions:
         """End a session; its id answers 404 from now on."""
         session = self._by_id.pop(session_id, None)
         if session is not None:
+            left = self._per_client.get(session.client, 0) - 1
+            if left > 0:
+                self._per_client[session.client] = left
+            else:
+                self._per_client.pop(session.client, None)
             session.end()
 
     def expire(self) -> None:

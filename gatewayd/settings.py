@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     # A few MiB holds any sane tool call; larger bodies are refused before they are read.
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_json_depth: int = Field(64, ge=2, description="deepest JSON nesting accepted in a request")
+    # Each JSON object costs a Python call to parse (duplicate keys are refused): 50,000 of them take ~0.2 s.
+    max_json_objects: int = Field(50_000, ge=16, description="most JSON objects in one request body (400 above)")
     max_batch: int = Field(32, ge=1, description="most elements in one JSON-RPC batch")
     # Slow-loris: a client that trickles its headers would otherwise hold a connection for ever.
     header_timeout: float = Field(
@@ -67,6 +69,17 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         1024, ge=1, description="most open client connections; past it new ones get 503 and are closed"
     )
+    # Idle sockets cost an attacker nothing: until a request on it presents a valid token, a connection counts in
+    # this small share, and a new one closes the share's longest-idle member, so they cannot lock clients out.
+    max_unauthenticated_connections: int = Field(
+        64, ge=1, description="most open connections that have not presented a valid token; "
+        "past it a new one closes the one waiting longest (503 if none has waited 0.1 s)"
+    )
+    # A real client sends its request the moment it connects; only a socket held open for its own sake waits.
+    unauthenticated_idle_timeout: float = Field(
+        2.0, gt=0, description="seconds a connection that has presented no valid token may wait between requests "
+        "(then closed)"
+    )
     # aiohttp's own default; a request line longer than this is an attack, not an MCP call.
     max_line_bytes: int = Field(8190, ge=256, description="longest request line (400 above)")
     max_header_bytes: int = Field(8190, ge=256, description="longest single header, name and value (400 above)")
@@ -80,15 +93,33 @@ class Settings(BaseSettings):
         50.0, gt=0, description="JSON-RPC messages per second one client may send, sustained (429 above)"
     )
     client_burst: int = Field(100, ge=1, description="JSON-RPC messages one client may send at once above the rate")
+    # Messages alone do not bound the work of parsing them: a client is charged for its bytes too. A MiB of payload
+    # costs the event loop ~20 ms (parsed, sent on, its answer parsed and sent back), so by default one client's
+    # payloads take at most ~5 ms of each second from everyone else.
+    client_bytes_rate: int = Field(
+        256 * 1024, ge=1024, description="request bytes per second one client may send, sustained (429 above)"
+    )
+    client_bytes_burst: int = Field(
+        8 * 1024 * 1024, ge=1024,
+        description="request bytes one client may send at once above the rate (at least max_body_bytes)",
+    )
     # A comment line this often keeps proxies and clients from dropping a quiet stream.
     sse_keepalive: float = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
     max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
+    # One client's share, so a client that opens sessions in a loop cannot lock everyone else out of `initialize`.
+    max_sessions_per_client: int = Field(64, ge=1, description="most MCP sessions one client may hold at once")
     # A session nobody used for this long is forgotten, so abandoned clients do not pile up.
     session_idle_timeout: float = Field(3600.0, gt=0, description="seconds before an unused session ends")
     audit_path: str = Field(
         "audit.jsonl",
         description="append-only JSON Lines audit log, relative to config_dir; empty turns auditing off "
         "(then dangerous calls are not refused for want of a record)",
+    )
+    # Room kept for the records dangerous calls need: a flood of ordinary records must not fill the disk first.
+    audit_reserve_bytes: int = Field(
+        64 * 1024 * 1024, ge=0,
+        description="free space kept on the audit log's file system: below it ordinary records are dropped, "
+        "and those of dangerous and confirmed calls are still written (0: no reserve)",
     )
     admin_socket: str = Field(
         "gatewayd.sock",

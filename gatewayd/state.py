@@ -8,6 +8,7 @@ Built and wired by app.py, which owns start and stop. Does not own any behaviour
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
 from gatewayd.metrics import Metrics
+from gatewayd.policy import Principal
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
@@ -43,3 +45,9 @@ class DaemonState:
     metrics_text: Callable[[], Awaitable[str]] | None = None
     # The first keep-alive of each SSE answer: one loop timer for them all.
     deadlines: Deadlines = field(default_factory=Deadlines)
+    # Large bodies are parsed off the event loop one at a time: a second worker would only share the one GIL.
+    big_parses: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+
+    def principal(self, client: str) -> Principal | None:
+        """The client's principal in the current generation; None if it no longer exists."""
+        return self.generation.principal(client)

@@ -2,8 +2,9 @@
 
 Owns the token format and the lookup. Tokens are stored only as SHA-256 hex digests in
 `policies/*.toml`; a presented token is hashed and compared against every digest in
-constant time. A refused header raises `Unauthenticated`, which the web layer answers with
-401 (errors.refusal). Does not own what a principal may do (policy.py).
+constant time. A refused header (none, another scheme, a wrong token, bytes that are not UTF-8)
+raises `Unauthenticated`, which the web layer answers with 401 (errors.refusal). Does not own
+what a principal may do (policy.py).
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ def _lookup(header: str | None, entries: list[tuple[bytes, str]]) -> str:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("expected: Authorization: Bearer <token>")
-    digest = hashlib.sha256(token.encode("utf-8")).digest()
+    try:
+        # The bytes the client sent: aiohttp decodes header bytes that are not UTF-8 as lone surrogates.
+        raw = token.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise Unauthenticated("invalid token", invalid_token=True) from None
+    digest = hashlib.sha256(raw).digest()
     found: str | None = None
     # Compare against every entry so the time taken does not depend on which one matched.
     for stored, name in entries:

@@ -109,7 +109,7 @@ def test_finished_ones_are_remembered_up_to_a_bound() -> None:
 
 
 def test_watchers_hear_every_change_and_a_laggard_is_told_to_start_over() -> None:
-    registry = Approvals(max_pending=approvals.WATCHER_BACKLOG * 2)
+    registry = Approvals(max_pending=approvals.WATCHER_BACKLOG * 2, per_client=approvals.WATCHER_BACKLOG * 2)
     queue = registry.watch()
     approval = _open(registry)
     registry.decide(approval.id, approve=True, by="op", channel=approvals.CLI)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gatewayd.audit import (
+    FIELD_MAX_CHARS,
     REDACTED,
     SUMMARY_MAX_ITEMS,
     SUMMARY_MAX_STRING,
@@ -33,6 +34,8 @@ DEV_FULL = Path("/dev/full")
 needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs /dev/full")
 # Far more than a pipe holds, so a writer with no reader blocks like a hung disk.
 PIPE_FILL = 4 * 1024 * 1024
+# Records that big are written whole (a longer one would be summarized): PIPE_FILL takes many of them.
+BLOB = 32 * 1024
 # Strings that would split, forge or disguise a log line if written raw.
 NASTY = [
     "calc.add\n{\"seq\":999,\"forged\":true}",
@@ -46,7 +49,7 @@ NASTY = [
     "\u202etxt.exe",
     "\x00nul",
     "lone \ud800 surrogate",
-    "x" * (1024 * 1024),
+    "x" * FIELD_MAX_CHARS,  # the longest method written whole (tests/test_audit_limits.py: longer ones)
 ]
 
 
@@ -85,6 +88,7 @@ async def test_records_are_single_lines_with_seq_in_order(audit: AuditLog) -> No
     assert audit.status() == {
         "path": str(audit.path), "enabled": True, "healthy": True, "last_error": None,
         "records_written": 5, "records_failed": 0, "seq": 5,
+        "space_low": False, "free_bytes": None, "reserve_bytes": 0, "records_dropped_for_space": 0,
     }
 
 
@@ -304,7 +308,8 @@ async def test_a_stuck_disk_refuses_durable_records_in_bounded_time(tmp_path: Pa
     reader = os.open(fifo, os.O_RDONLY)
     try:
         # Nobody reads the pipe yet: the writer blocks mid-write, as on a hung disk.
-        await log.record({"blob": "x" * PIPE_FILL}, durable=False)
+        for _ in range(PIPE_FILL // BLOB):
+            log.queue({"blob": "x" * BLOB})
         async with asyncio.timeout(10):
             with pytest.raises(AuditUnavailable) as caught:
                 await log.record({"method": "shell.run"}, durable=True)

@@ -28,7 +28,7 @@ from gatewayd.jsonrpc import Notification, Request
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Grant, Principal
 from gatewayd.records import Records
-from gatewayd.upstream.api import EventSink, ToolDef
+from gatewayd.upstream.api import ANYONE, Delivery, ToolDef
 from tests.waiting import eventually
 
 
@@ -57,26 +57,35 @@ class Scripted:
     async def tools(self) -> list[ToolDef]:
         return [ToolDef(tool, f"the {tool} tool", {"type": "object"}) for tool in self.tools_offered]
 
-    async def _run(self, kind: str, method: str, payload: Any, on_event: EventSink | None) -> Any:
+    # Held before anything is sent, as a real server waits for a slot: the call waits here until it is set.
+    slot: asyncio.Event = field(default_factory=asyncio.Event)
+    deliveries: list[Delivery] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.slot.set()
+
+    async def _run(self, kind: str, method: str, payload: Any, delivery: Delivery) -> Any:
+        self.deliveries.append(delivery)
+        await self.slot.wait()
+        if delivery.still_allowed is not None:
+            delivery.still_allowed()
         self.received.append((kind, method, payload))
         self.started.set()
-        if on_event is not None:
-            on_event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1,
-                                                                                       "progress": 1}})
+        if delivery.on_event is not None:
+            delivery.on_event({"jsonrpc": "2.0", "method": "notifications/progress",
+                               "params": {"progressToken": 1, "progress": 1}})
         if method in self.slow:
             await self.slow[method].wait()
         return self.results.get(method, {"ok": method})
 
-    async def call_tool(self, tool: str, arguments: Any, on_event: EventSink | None = None,
-                        progress: bool = False) -> Any:
-        return {"content": [{"type": "text", "text": json.dumps(await self._run("tool", tool, arguments, on_event))}],
-                "isError": False}
+    async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
+        result = await self._run("tool", tool, arguments, delivery)
+        return {"content": [{"type": "text", "text": json.dumps(result)}], "isError": False}
 
-    async def call_method(self, method: str, params: Any, on_event: EventSink | None = None,
-                          progress: bool = False) -> Any:
-        return await self._run("method", method, params, on_event)
+    async def call_method(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
+        return await self._run("method", method, params, delivery)
 
-    async def notify(self, method: str, params: Any) -> bool:
+    async def notify(self, method: str, params: Any, delivery: Delivery = ANYONE) -> bool:
         if self.notifies:
             self.received.append(("notify", method, params))
         return self.notifies
@@ -92,8 +101,12 @@ class Rig:
     trail: Path
     principal: Principal
 
+    # What the client may do now, as a reload would change it (None: removed).
+    current: Principal | None = None
+
     def ctx(self, emit: Any = None) -> CallContext:
-        return CallContext(self.principal, {self.upstream.name: self.upstream}, emit=emit)
+        return CallContext(self.principal, {self.upstream.name: self.upstream}, emit=emit,
+                           authority=lambda _name: self.current)
 
     async def request(self, method: str, params: Any, request_id: Any = 1, emit: Any = None) -> dict[str, Any]:
         return await self.gateway.dispatch(self.ctx(emit), Request(request_id, method, params))
@@ -116,7 +129,8 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     gateway = Gateway(Catalog("__"), records, ConfirmationGate(registry, records), inflight)
     upstream = Scripted("s", ["add", "slow", "echo", "run", "secret"])
     try:
-        yield Rig(gateway, upstream, registry, inflight, audit_log, trail, Principal("dev", (GRANT,)))
+        principal = Principal("dev", (GRANT,))
+        yield Rig(gateway, upstream, registry, inflight, audit_log, trail, principal, principal)
     finally:
         await audit_log.close()
 
@@ -126,7 +140,8 @@ async def test_a_direct_call_forwards_the_authorized_params_and_records_decision
     answer = await rig.request("s.add", params)
     assert answer == {"jsonrpc": "2.0", "id": 1, "result": {"ok": "add"}}
     [(kind, method, sent)] = rig.upstream.received
-    assert (kind, method) == ("method", "add") and sent is params
+    assert (kind, method, sent) == ("method", "add", params)
+    assert rig.upstream.deliveries[0].client == "dev"
     decision, outcome = await rig.records()
     assert (decision["event"], decision["decision"], decision["method"], decision["route"]) == \
         ("decision", "allow", "s.add", "direct")
@@ -256,6 +271,48 @@ async def test_a_bug_in_the_upstream_is_an_internal_error_without_details(rig: R
     rig.upstream.call_method = broken  # type: ignore[method-assign]
     answer = await rig.request("s.add", {})
     assert answer["error"] == {"code": -32603, "message": "Internal error"}
+
+
+async def test_what_reaches_the_server_is_what_was_decided_shown_and_hashed(rig: Rig) -> None:
+    call = asyncio.create_task(rig.request("s.run", {"x": 1, "_meta": {"cmd": "rm -rf /", "progressToken": 5}}))
+    await eventually(lambda: len(rig.approvals) == 1, what="the call waits for a person")
+    [approval] = rig.approvals.pending()
+    assert approval.arguments == {"x": 1}
+    rig.approvals.decide(approval.id, approve=True, by="test", channel=approvals.CLI)
+    await call
+    assert rig.upstream.received == [("method", "run", {"x": 1})]
+    decision = (await rig.records())[0]
+    assert decision["params"] == {"x": 1}
+
+
+async def test_a_client_removed_before_the_decision_gets_unknown(rig: Rig) -> None:
+    rig.current = None
+    answer = await rig.request("s.add", {"a": 1})
+    assert answer["error"]["code"] == -32601 and rig.upstream.received == []
+
+
+async def test_a_permission_removed_while_the_call_waited_for_a_slot_stops_it(rig: Rig) -> None:
+    rig.upstream.slot.clear()
+    call = asyncio.create_task(rig.request("s.add", {"a": 1}))
+    await eventually(lambda: bool(rig.upstream.deliveries), what="the call waits for a slot")
+    rig.current = Principal("dev", (Grant("dev", "policies/test.toml", allow=("s.echo",)),))
+    rig.upstream.slot.set()
+    answer = await call
+    assert answer["error"]["code"] == -32601 and rig.upstream.received == []
+    reasons = [record.get("reason") for record in await rig.records()]
+    assert "a config reload removed the permission before the call ran" in reasons
+
+
+async def test_an_approved_call_whose_permission_was_removed_does_not_run(rig: Rig) -> None:
+    rig.upstream.slot.clear()
+    call = asyncio.create_task(rig.request("s.run", {"cmd": "ls"}))
+    await eventually(lambda: len(rig.approvals) == 1, what="the call waits for a person")
+    [approval] = rig.approvals.pending()
+    rig.approvals.decide(approval.id, approve=True, by="test", channel=approvals.CLI)
+    await eventually(lambda: bool(rig.upstream.deliveries), what="the approved call waits for a slot")
+    rig.current = None
+    rig.upstream.slot.set()
+    assert (await call)["error"]["code"] == -32601 and rig.upstream.received == []
 
 
 def _without_data(error: dict[str, Any], name: str) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gatewayd.errors import InvalidRequest, ParseError
@@ -95,6 +97,8 @@ def test_dumps_is_one_line_even_for_multiline_strings() -> None:
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[NaN]}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[Infinity]}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[-Infinity]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[1e400]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"x":-1.5e309}}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\ud800"]}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"\\uDFFF":1}}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[' + b"9" * 100_000 + b"]}",
@@ -104,6 +108,34 @@ def test_dumps_is_one_line_even_for_multiline_strings() -> None:
 def test_values_that_cannot_be_sent_on_are_parse_errors(body: bytes) -> None:
     with pytest.raises(ParseError):
         parse_body(body, **LIMITS)
+
+
+def test_more_objects_than_the_limit_are_an_invalid_request_and_braces_in_strings_do_not_count() -> None:
+    many = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "a.b", "params": [{} for _ in range(100)]}).encode()
+    with pytest.raises(InvalidRequest, match="more than 50 JSON objects"):
+        parse_body(many, max_objects=50, **LIMITS)
+    assert len(parse_body(many, max_objects=101, **LIMITS).messages) == 1
+    braces = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "a.b", "params": ["{" * 1000]}).encode()
+    assert len(parse_body(braces, max_objects=50, **LIMITS).messages) == 1
+
+
+def test_ids_and_method_names_are_short_labels() -> None:
+    longest = one(json.dumps({"jsonrpc": "2.0", "id": "i" * 256, "method": "m" * 1024}).encode())
+    assert isinstance(longest, Request)
+    for message in ({"jsonrpc": "2.0", "id": "i" * 257, "method": "a.b"},
+                    {"jsonrpc": "2.0", "id": 2**63, "method": "a.b"},
+                    {"jsonrpc": "2.0", "id": 1, "method": "m" * 1025}):
+        invalid = one(json.dumps(message).encode())
+        assert isinstance(invalid, Invalid) and invalid.error.code == -32600
+
+
+def test_large_finite_numbers_are_kept_and_nothing_encodes_to_infinity() -> None:
+    message = one(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[1e308, 123456789012345678901234567890]}')
+    assert isinstance(message, Request) and message.params == [1e308, 123456789012345678901234567890]
+    with pytest.raises(ValueError):
+        dumps({"x": float("inf")})
+    with pytest.raises(ValueError):
+        dumps([float("nan")])
 
 
 def test_a_surrogate_pair_is_a_character_not_an_error() -> None:

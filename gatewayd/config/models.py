@@ -71,6 +71,10 @@ class ServerConfig(_Strict):
     startup_timeout: Duration = 10.0
     max_in_flight: int = Field(16, ge=1, le=4096)
     max_queued: int = Field(64, ge=0, le=65536)
+    # One client's share of the slots and of the queue, so a client that fills them cannot stall the others:
+    # by default three quarters of the slots and half of the queue (at least one of each).
+    max_in_flight_per_client: int | None = Field(None, ge=1, le=4096)
+    max_queued_per_client: int | None = Field(None, ge=0, le=65536)
     max_restarts: int = Field(5, ge=0)
     restart_window: Duration = 60.0
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
@@ -93,6 +97,28 @@ class ServerConfig(_Strict):
         if self.protocol == "jsonrpc" and not self.methods:
             raise ValueError("a protocol = \"jsonrpc\" server must declare its [methods.NAME]")
         return self
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> ServerConfig:
+        if self.max_in_flight_per_client is not None and self.max_in_flight_per_client > self.max_in_flight:
+            raise ValueError("max_in_flight_per_client cannot be more than max_in_flight")
+        if self.max_queued_per_client is not None and self.max_queued_per_client > self.max_queued:
+            raise ValueError("max_queued_per_client cannot be more than max_queued")
+        return self
+
+    @property
+    def client_slots(self) -> int:
+        """Slots one client may hold at once."""
+        if self.max_in_flight_per_client is not None:
+            return self.max_in_flight_per_client
+        return max(1, self.max_in_flight * 3 // 4)
+
+    @property
+    def client_queue(self) -> int:
+        """Places in the queue one client may take."""
+        if self.max_queued_per_client is not None:
+            return self.max_queued_per_client
+        return max(1, self.max_queued // 2) if self.max_queued else 0
 
     @property
     def argv(self) -> list[str]:
@@ -207,6 +233,8 @@ class ClientLimits(_Strict):
     max_concurrent: int | None = Field(None, ge=1, description="calls in flight at once")
     rate: float | None = Field(None, gt=0, description="calls per second, sustained")
     burst: int | None = Field(None, ge=1, description="calls allowed at once above the rate")
+    bytes_rate: int | None = Field(None, ge=1024, description="request bytes per second, sustained")
+    bytes_burst: int | None = Field(None, ge=1024, description="request bytes allowed at once above the rate")
 
 
 class _TokenHolder(_Strict):

@@ -2,7 +2,9 @@
 
 Owns the `Upstream` interface (what a server offers, whether a method is gated, and the three ways to
 reach it: a tool call answered as an MCP CallToolResult, a direct method call answered with the
-server's own result, and a notification) and `ToolDef`, one thing a server offers. `server.ToolServer`
+server's own result, and a notification), `Delivery` (whose call it is, where the server's
+notifications about it go, and what must still hold when it is sent) and `ToolDef`, one thing a
+server offers. `server.ToolServer`
 implements it over a supervised child, whatever its dialect (dialects.py); tests may implement it
 in memory. Does not own any implementation.
 """
@@ -15,6 +17,22 @@ from typing import Any, Protocol
 
 # Receives the notifications a call's server sends about that call (progress, log lines).
 EventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How one call is delivered: the client it is for (its share of the server's slots and queue is counted),
+    where the server's notifications about it go, whether progress was asked for, and a check that raises when
+    the call may no longer run (its permission was revoked while it waited for a slot)."""
+
+    client: str = ""
+    on_event: EventSink | None = None
+    progress: bool = False
+    still_allowed: Callable[[], None] | None = None
+
+
+# A delivery for calls nobody in particular makes (tests, tools that list themselves).
+ANYONE = Delivery()
 
 
 @dataclass(frozen=True)
@@ -52,19 +70,16 @@ class Upstream(Protocol):
         """Everything the server offers (may start it, to ask)."""
         ...
 
-    async def call_tool(
-        self, tool: str, arguments: Any, on_event: EventSink | None = None, progress: bool = False
-    ) -> Any:
-        """Call `tool` for an MCP `tools/call`; the answer is an MCP CallToolResult (a tool's own failure
-        included, as `isError: true`)."""
+    async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
+        """Call `tool` for an MCP `tools/call` with exactly `arguments`; the answer is an MCP CallToolResult (a
+        tool's own failure included, as `isError: true`)."""
         ...
 
-    async def call_method(
-        self, method: str, params: Any, on_event: EventSink | None = None, progress: bool = False
-    ) -> Any:
-        """Call `method` directly; the answer is the server's own result, its own error raised as UpstreamError."""
+    async def call_method(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
+        """Call `method` directly with exactly `params`; the answer is the server's own result, its own error
+        raised as UpstreamError."""
         ...
 
-    async def notify(self, method: str, params: Any) -> bool:
+    async def notify(self, method: str, params: Any, delivery: Delivery = ANYONE) -> bool:
         """Send `method` as a notification; False when the server's protocol has no such thing."""
         ...

@@ -146,8 +146,8 @@ class McpDialect(Dialect):
     async def call_method(
         self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
     ) -> Any:
-        # A direct `server.tool` call of an MCP server is its tool call; the protocol's `_meta` is not an argument.
-        return await self.call_tool(conn, method, _without_meta(params), timeout, on_event, progress)
+        # A direct `server.tool` call of an MCP server is its tool call.
+        return await self.call_tool(conn, method, params, timeout, on_event, progress)
 
     def can_notify(self, method: str) -> bool:
         return False
@@ -194,10 +194,10 @@ class JsonRpcDialect(Dialect):
             await conn.notify(method, params)
             return None
         call_id = conn.new_id()
-        if progress and isinstance(params, dict):
-            # Progress is routed by token; the gateway's id replaces the client's, as for MCP.
-            meta: dict[str, Any] = params["_meta"] if isinstance(params.get("_meta"), dict) else {}
-            params = {**params, "_meta": {**meta, "progressToken": call_id}}
+        if progress and isinstance(params, dict) and "_meta" not in params:
+            # Progress is routed by token: the gateway's own id, as for MCP. Arguments that have a `_meta` of their
+            # own were decided with it and go as they are (then without progress).
+            params = {**params, "_meta": {"progressToken": call_id}}
         return await conn.call(method, params, timeout=timeout, on_event=on_event, request_id=call_id)
 
     def can_notify(self, method: str) -> bool:
@@ -210,12 +210,6 @@ DIALECTS: dict[str, type[Dialect]] = {dialect.protocol: dialect for dialect in (
 def dialect_for(name: str, config: ServerConfig) -> Dialect:
     """The dialect a server's tools.d file asks for: the one place `protocol` is read."""
     return DIALECTS[config.protocol](name, config)
-
-
-def _without_meta(params: Any) -> Any:
-    if isinstance(params, dict) and "_meta" in params:
-        return {key: value for key, value in params.items() if key != "_meta"}
-    return params
 
 
 def _valid_tool(item: Any) -> bool:

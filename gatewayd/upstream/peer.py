@@ -3,9 +3,16 @@
 Owns: the gateway's request ids toward the child, the table of calls waiting for an answer and
 their deadlines, matching responses to them, the child's requests (answered by `on_request`, or
 by `default_reply`) and notifications (routed to the call they belong to, or to the owner), and
-failing the calls pending when the child is gone.
+failing the calls pending when the child is gone (with how it ended, never its stderr: the child
+is every client's, its stderr is in the daemon's log).
+Also the bounds a misbehaving child meets on this side: its requests are answered at most
+CHILD_REQUEST_RATE a second (the rest dropped unanswered), and once STDIN_BACKLOG_LIMIT bytes wait
+in front of its stdin, answers to its requests are dropped and new calls refused at once, until it
+reads again; each episode is logged once and every drop counted (`Peer.dropped`).
 Does not own: the process, its pipes or its stop (process.py), MCP handshakes or restarts
-(server.py). A response with an unknown id, or a stdout line that is not JSON, is logged and dropped.
+(server.py). A response with an unknown id, or a stdout line that is not JSON, is logged and dropped;
+so is a line with a number JSON cannot carry (NaN, Infinity, 1e400), except that the call it answers
+fails at once.
 """
 
 from __future__ import annotations
@@ -26,6 +33,20 @@ from gatewayd.upstream.process import ChildProcess, ExitInfo, unavailable
 
 logger = logging.getLogger(__name__)
 
+# Bytes that may wait in front of a child's stdin before the peer stops adding to them: four of the
+# largest request bodies (settings.max_body_bytes, 4 MiB), so a healthy child reading a big call slowly is
+# not refused, while one that stopped reading holds at most this much of the daemon's memory (plus the
+# calls already admitted, each bounded by the body limit).
+STDIN_BACKLOG_LIMIT = 16 * 1024 * 1024
+# Requests a child sends unasked are answered at most this many a second, after a burst of as many: far
+# above what a tool server asks (a ping, roots/list once in a while), and a flood of them costs the
+# daemon's CPU and the child's stdin, so the rest are dropped unanswered.
+CHILD_REQUEST_RATE = 100.0
+CHILD_REQUEST_BURST = 100
+# A notification waits this long at most for the child's stdin to take it: a child that stopped
+# reading must not hold the client's request (or a shielded `notifications/cancelled`) for ever.
+NOTIFY_DRAIN_TIMEOUT = 10.0
+
 EventSink = Callable[[dict[str, Any]], None]
 # Answers a request the child sent: the reply message to write back, or None to send nothing now.
 RequestHandler = Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -39,6 +60,69 @@ class PendingCall:
     future: asyncio.Future[Any]
     on_event: EventSink | None
     started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Dropped:
+    """What a peer did not do because its child misbehaved, counted since it started."""
+
+    # Requests of the child dropped unanswered: it asked faster than CHILD_REQUEST_RATE.
+    requests: int = 0
+    # Answers to the child's requests dropped: more than the backlog limit waited in front of its stdin.
+    replies: int = 0
+    # Calls and notifications refused at once, for the same reason.
+    calls: int = 0
+
+
+class NonFinite(ValueError):
+    """A child's line holds a number JSON cannot carry: NaN, Infinity, or a literal too large for a double."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf - inf is nan: `1e400` overflowed
+        raise NonFinite(text)
+    return value
+
+
+# Made once: json.loads with hooks would build a decoder for every line. The float hook costs about 50 ns per
+# float literal, and nothing for a line without one.
+_decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def parse_line(line: bytes) -> Any:
+    """A line of the child's stdout as JSON. Raises NonFinite for a number JSON cannot carry (the gateway could
+    not send it on), or ValueError for anything else that is not JSON."""
+    # As json.loads takes bytes: UTF-8, and a surrogate's three bytes pass through as that surrogate.
+    return _decoder.decode(line.decode("utf-8", "surrogatepass"))
+
+
+class _Bucket:
+    """A token bucket: `take()` is True at most `rate` times a second after a burst of `burst`."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+    @property
+    def full(self) -> bool:
+        """Whether the bucket refilled (as of the last `take`) to its burst: the child has been calm a while."""
+        return self.tokens >= self.burst - 1.0
 
 
 def default_reply(message: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +141,7 @@ class Peer:
 
     `on_notification` receives notifications that belong to no call; `on_activity` is called whenever
     stdout lines arrive; `on_request` answers the child's own requests (default: `default_reply`).
+    `stdin_backlog_limit`, `request_rate` and `request_burst` are the bounds of the module docstring.
     """
 
     def __init__(
@@ -67,6 +152,9 @@ class Peer:
         on_activity: Callable[[], None] | None = None,
         on_request: RequestHandler | None = None,
         deadlines: Deadlines | None = None,
+        stdin_backlog_limit: int = STDIN_BACKLOG_LIMIT,
+        request_rate: float = CHILD_REQUEST_RATE,
+        request_burst: int = CHILD_REQUEST_BURST,
     ) -> None:
         self.name = process.name
         self.tag = process.tag
@@ -79,6 +167,13 @@ class Peer:
         self._outbox: list[bytes] = []
         # The calls' deadlines: one loop timer for many calls, not one per call.
         self._deadlines = deadlines or Deadlines()
+        self._backlog_limit = stdin_backlog_limit
+        self._requests = _Bucket(request_rate, request_burst)
+        self.dropped = Dropped()
+        # Inside an episode (logged when it starts and when it ends, not per message): the child's stdin is
+        # over the backlog limit; the child asks faster than the rate.
+        self._stuck = False
+        self._flooding = False
 
     @property
     def in_flight(self) -> int:
@@ -103,12 +198,19 @@ class Peer:
         self._process.write(b"".join(lines))
 
     async def notify(self, method: str, params: Any = None) -> None:
-        """Send a notification; nothing comes back."""
+        """Send a notification; nothing comes back. Raises ToolServerUnavailable when the child is not running or
+        not reading its stdin (over the backlog limit)."""
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
+        backlog = self._process.backlog()
+        if backlog > self._backlog_limit or self._stuck:
+            self._check_backlog(backlog, method)
         self._write(message)
-        await self._process.drain()
+        with contextlib.suppress(TimeoutError):
+            # Past the wait it stays queued; the limit bounds what piles up behind it.
+            async with asyncio.timeout(NOTIFY_DRAIN_TIMEOUT):
+                await self._process.drain()
 
     def new_id(self) -> int:
         """Reserve the gateway's next request id toward this child (also usable as a progress token)."""
@@ -135,14 +237,19 @@ class Peer:
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": call_id, "method": method}
         if params is not None:
             message["params"] = params
+        # The one check on the hot path: lines are written at the end of this loop turn, so this is what waits
+        # in front of the child from earlier calls.
+        backlog = self._process.backlog()
+        if backlog > self._backlog_limit or self._stuck:
+            self._check_backlog(backlog, method)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._write(message)
         self._pending[call_id] = PendingCall(method, future, on_event)
         # The deadline fails the future itself, rather than a timeout scope around the await (measurably cheaper).
         deadline = self._deadlines.call_later(timeout, _expire, future)
         try:
-            if self._process.backlogged():
-                await self._process.drain()
+            if backlog:
+                await self._drain_or_deadline(future)
             return await future
         except _Expired:
             if cancel_on_timeout:
@@ -158,6 +265,43 @@ class Peer:
         finally:
             deadline.cancel()
             self._pending.pop(call_id, None)
+
+    async def _drain_or_deadline(self, future: asyncio.Future[Any]) -> None:
+        """Wait for the child's stdin to take what waits in front of it, but not past the call's deadline (or
+        answer): a child that stopped reading must not hold a call beyond its timeout."""
+        drained = asyncio.ensure_future(self._process.drain())
+        try:
+            await asyncio.wait((drained, future), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drained.cancel()
+        if drained.done() and not drained.cancelled() and (error := drained.exception()) is not None:
+            raise error
+
+    # -- the child's stdin backlog ---------------------------------------------------------
+
+    def _check_backlog(self, backlog: int, method: str | None = None) -> bool:
+        """Over the limit: start (or stay in) an episode, and refuse a message of `method` (raise
+        ToolServerUnavailable), or tell a caller with no method that it is over (True). Under it: end an episode if
+        one was on (False)."""
+        if backlog <= self._backlog_limit:
+            if self._stuck:
+                self._stuck = False
+                logger.info("server=%s pid=%d reads its stdin again: %d replies to its requests dropped, %d calls "
+                            "refused so far", self.tag, self._process.pid, self.dropped.replies, self.dropped.calls)
+            return False
+        if not self._stuck:
+            self._stuck = True
+            logger.warning("server=%s pid=%d is not reading its stdin: %d bytes wait for it (limit %d); answers to "
+                           "its requests are dropped and calls refused until it reads", self.tag, self._process.pid,
+                           backlog, self._backlog_limit)
+        if method is None:
+            return True
+        self.dropped.calls += 1
+        # How much waits, and for whom, is the operators' to see (logged above), not the caller's.
+        raise ToolServerUnavailable(
+            f"tool server {self.name!r} is not reading what it is sent; {method} was not sent, retry later",
+            {"server": self.name, "method": method},
+        )
 
     async def _send_cancel(self, call_id: int, reason: str) -> None:
         if not self._process.alive:
@@ -179,7 +323,10 @@ class Peer:
 
     def _handle_line(self, line: bytes) -> None:
         try:
-            message = json.loads(line)
+            message = parse_line(line)
+        except NonFinite:
+            self._non_finite(line)
+            return
         except ValueError:
             logger.warning("server=%s pid=%d stdout is not JSON, dropped: %.200r", self.tag, self._process.pid, line)
             return
@@ -193,6 +340,28 @@ class Peer:
         else:
             logger.warning("server=%s pid=%d message with neither method nor id dropped", self.tag,
                            self._process.pid)
+
+    def _non_finite(self, line: bytes) -> None:
+        """A line with a number JSON cannot carry: if it answers a pending call, that call fails now (it could not
+        be sent on, and waiting for its timeout would not change that); otherwise it is dropped."""
+        pid = self._process.pid
+        try:
+            # Read again, leniently, only to learn which call it answers.
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        call_id = message.get("id") if isinstance(message, dict) and "method" not in message else None
+        pending = self._pending.get(call_id) if isinstance(call_id, int) else None
+        if pending is None or pending.future.done():
+            logger.warning("server=%s pid=%d stdout holds a number JSON cannot carry, dropped: %.200r", self.tag,
+                           pid, line)
+            return
+        logger.warning("server=%s pid=%d answered %s with a number JSON cannot carry: %.200r", self.tag, pid,
+                       pending.method, line)
+        pending.future.set_exception(unavailable(
+            self.name, f"answered {pending.method} with a number JSON cannot carry (NaN, Infinity or out of range)",
+            retryable=False,
+        ))
 
     def _handle_response(self, message: dict[str, Any]) -> None:
         call_id = message.get("id")
@@ -212,17 +381,39 @@ class Peer:
 
     def _handle_incoming(self, message: dict[str, Any]) -> None:
         if "id" in message:
-            reply = self._on_request(message)
-            if reply is not None:
-                # The child may be gone by now; its exit fails what is pending, and its request needs no answer.
-                with contextlib.suppress(ToolServerUnavailable):
-                    self._write(reply)
+            self._answer_request(message)
             return
         sink = self._sink_for(message)
         if sink is not None:
             sink(message)
         elif self._on_notification is not None:
             self._on_notification(message)
+
+    def _answer_request(self, message: dict[str, Any]) -> None:
+        """Answer a request of the child, within its rate, unless its stdin is over the backlog limit."""
+        if not self._requests.take():
+            self._request_dropped()
+            return
+        if self._flooding and self._requests.full:
+            self._flooding = False
+            logger.info("server=%s pid=%d asks calmly again: %d of its requests dropped unanswered so far",
+                        self.tag, self._process.pid, self.dropped.requests)
+        reply = self._on_request(message)
+        if reply is None:
+            return
+        if self._check_backlog(self._process.backlog()):
+            self.dropped.replies += 1
+            return
+        # The child may be gone by now; its exit fails what is pending, and its request needs no answer.
+        with contextlib.suppress(ToolServerUnavailable):
+            self._write(reply)
+
+    def _request_dropped(self) -> None:
+        self.dropped.requests += 1
+        if not self._flooding:
+            self._flooding = True
+            logger.warning("server=%s pid=%d sends requests faster than %g a second: the rest are dropped "
+                           "unanswered", self.tag, self._process.pid, self._requests.rate)
 
     def _sink_for(self, message: dict[str, Any]) -> EventSink | None:
         """The call a notification belongs to: by progress token, or the only call in flight for a log line."""
@@ -250,9 +441,10 @@ class Peer:
         for call_id, pending in list(self._pending.items()):
             if not pending.future.done():
                 pending.future.set_exception(
+                    # Its stderr is not the caller's to see: every client shares this child (daemon's log has it).
                     ToolServerUnavailable(
                         f"tool server {self.name!r} exited during {pending.method} ({info.describe()})",
-                        {"server": self.name, "exit_status": info.returncode, "stderr_tail": info.stderr_tail},
+                        {"server": self.name, "method": pending.method, "exit_status": info.returncode},
                     )
                 )
             self._pending.pop(call_id, None)

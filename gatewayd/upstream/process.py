@@ -1,8 +1,10 @@
 """One stdio child process: spawn, stdout line framing, stderr logging, exit detection, shutdown escalation.
 
 Owns: the process (in its own process group) and its minimal environment, its stdin/stdout/stderr
-pipes, the rate-limited log of its stderr, how it ended (`ExitInfo`), and the ordered stop: close
-stdin, wait, SIGTERM the group, wait, SIGKILL, then reap what is left of the group.
+pipes and how many bytes wait in front of its stdin, the rate-limited log of its stderr (which goes
+to the daemon's log only: it is every client's child, so no caller is shown it), how it ended
+(`ExitInfo`), and the ordered stop: close stdin, wait, SIGTERM the group, wait, SIGKILL, then reap
+what is left of the group.
 Does not own: what the bytes mean (peer.py: JSON-RPC ids, pending calls), or restarts and idle
 timers (server.py). It writes the bytes it is given, hands each whole stdout line to its owner
 in the pipe's own callback, and tells its owner once when the child has exited.
@@ -11,7 +13,6 @@ in the pipe's own callback, and tells its owner once when the child has exited.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import logging
@@ -35,8 +36,6 @@ SIGTERM_GRACE = 3.0
 SIGKILL_GRACE = 2.0
 # How often to check whether leftover group members (grandchildren) are gone.
 GROUP_POLL_INTERVAL = 0.02
-# Stderr lines kept for error reports when the child exits.
-STDERR_TAIL_LINES = 20
 # Stderr lines logged per window before the rest are counted, not logged.
 STDERR_LOG_BURST = 50
 STDERR_LOG_WINDOW = 1.0
@@ -46,10 +45,9 @@ INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LO
 
 @dataclass
 class ExitInfo:
-    """How a child ended, for errors and logs."""
+    """How a child ended, for errors and logs. Not its stderr: that went to the daemon's log, line by line."""
 
     returncode: int | None
-    stderr_tail: list[str]
 
     def describe(self) -> str:
         """'exit status N' or 'killed by signal S'."""
@@ -67,24 +65,27 @@ class _StderrLog:
     def __init__(self, tag: str, pid: int) -> None:
         self.tag = tag
         self.pid = pid
-        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._window_start = 0.0
         self._in_window = 0
         self._suppressed = 0
 
     def line(self, text: str) -> None:
-        self.tail.append(text)
         now = time.monotonic()
         if now - self._window_start >= STDERR_LOG_WINDOW:
-            if self._suppressed:
-                logger.warning("server=%s pid=%d stderr: %d lines not logged (rate limit)",
-                               self.tag, self.pid, self._suppressed)
-            self._window_start, self._in_window, self._suppressed = now, 0, 0
+            self.flush()
+            self._window_start, self._in_window = now, 0
         self._in_window += 1
         if self._in_window <= STDERR_LOG_BURST:
             logger.info("server=%s pid=%d stderr: %s", self.tag, self.pid, text)
         else:
             self._suppressed += 1
+
+    def flush(self) -> None:
+        """Log how many lines the rate limit held back; also at exit, so the count of a last burst is not lost."""
+        if self._suppressed:
+            logger.warning("server=%s pid=%d stderr: %d lines not logged (rate limit)", self.tag, self.pid,
+                           self._suppressed)
+            self._suppressed = 0
 
 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -194,10 +195,11 @@ class ChildProcess:
             return
         stdin.write(data)
 
-    def backlogged(self) -> bool:
-        """Whether bytes wait for the child's stdin: only then can a drain have anything to wait for."""
+    def backlog(self) -> int:
+        """Bytes written that the child's stdin has not taken yet: only when some wait can a drain wait for
+        anything, and a child that does not read lets them grow."""
         stdin = self._stdin
-        return stdin is not None and stdin.transport.get_write_buffer_size() > 0
+        return stdin.transport.get_write_buffer_size() if stdin is not None else 0
 
     async def drain(self) -> None:
         """Wait until the child's stdin takes what was written. Raises ToolServerUnavailable once it is closed."""
@@ -235,7 +237,8 @@ class ChildProcess:
         returncode = await self._proc.wait()
         # Let the readers take what the child wrote before exiting, so its last words reach the log.
         await asyncio.wait([self._stdout.closed, self._tasks[0]], timeout=SIGKILL_GRACE)
-        self.exit_info = ExitInfo(returncode, list(self._stderr.tail))
+        self._stderr.flush()
+        self.exit_info = ExitInfo(returncode)
         level = logging.INFO if self._closing else logging.WARNING
         logger.log(level, "server=%s pid=%d exited: %s", self.tag, self._proc.pid, self.exit_info.describe())
         if self._on_exit is not None:
@@ -264,7 +267,7 @@ class ChildProcess:
         self._closing = True
         proc = self._proc
         if proc is None:
-            return ExitInfo(None, [])
+            return ExitInfo(None)
         if not self._exited.is_set():
             with contextlib.suppress(OSError, RuntimeError):
                 if flush is not None:
@@ -280,7 +283,7 @@ class ChildProcess:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.exit_info is None:
-            self.exit_info = ExitInfo(proc.returncode, list(self._stderr.tail) if self._stderr else [])
+            self.exit_info = ExitInfo(proc.returncode)
         return self.exit_info
 
 

@@ -29,7 +29,7 @@ from gatewayd.errors import (
     ToolServerFailed,
     ToolServerUnavailable,
 )
-from gatewayd.upstream.api import EventSink, ToolDef
+from gatewayd.upstream.api import ANYONE, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.dialects import dialect_for
 
@@ -80,7 +80,7 @@ class ToolServer:
         self._tool_names: frozenset[str] = frozenset()
         # Deadlines of the calls waiting for a slot and of those sent to the child: one loop timer for all.
         self._deadlines = Deadlines()
-        self._slots = Slots(config.max_in_flight, self._deadlines)
+        self._slots = Slots(config.max_in_flight, self._deadlines, config.client_slots)
         self._waiting = 0
         self._active = 0
         self._last_activity = time.monotonic()
@@ -292,29 +292,32 @@ class ToolServer:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def _admit(self, timeout: float) -> None:
-        """Take one of `max_in_flight` slots, waiting in a queue of at most `max_queued`; `_release` gives it back.
-        (A pair of calls rather than a context manager: this is on every call's path, and contextlib's costs more.)"""
-        if not self._slots.take():
-            if self._waiting >= self.config.max_queued:
+    async def _admit(self, timeout: float, client: str) -> None:
+        """Take one of `max_in_flight` slots (at most `client_slots` of them for one client), waiting in a queue of
+        at most `max_queued` (`client_queue` per client); `_release` gives it back. (A pair of calls rather than a
+        context manager: this is on every call's path, and contextlib's costs more.)"""
+        if not self._slots.take(client):
+            config = self.config
+            if self._waiting >= config.max_queued or self._slots.queued_by(client) >= config.client_queue:
                 raise Overloaded(
-                    f"tool server {self.name!r} is busy: {self.config.max_in_flight} calls in flight, "
-                    f"{self._waiting} waiting",
-                    {"server": self.name, "max_in_flight": self.config.max_in_flight},
+                    f"tool server {self.name!r} is busy: {self._active} calls in flight ({self._slots.held_by(client)}"
+                    f" of them this client's, which may hold {config.client_slots}), {self._waiting} waiting",
+                    {"server": self.name, "max_in_flight": config.max_in_flight,
+                     "max_in_flight_per_client": config.client_slots},
                 )
-            await self._wait_for_slot(timeout)
+            await self._wait_for_slot(timeout, client)
         self._busy(1, 0)
         self._touch()
 
-    def _release(self) -> None:
+    def _release(self, client: str) -> None:
         self._busy(-1, 0)
-        self._slots.give()
+        self._slots.give(client)
         self._touch()
 
-    async def _wait_for_slot(self, timeout: float) -> None:
+    async def _wait_for_slot(self, timeout: float, client: str) -> None:
         self._busy(0, 1)
         try:
-            if not await self._slots.wait(timeout):
+            if not await self._slots.wait(timeout, client):
                 raise Overloaded(f"tool server {self.name!r} stayed busy for {timeout:g}s", {"server": self.name})
         finally:
             self._busy(0, -1)
@@ -327,45 +330,46 @@ class ToolServer:
         """Whether a call of `method` may run only once its decision is durably in the audit log."""
         return self.config.is_dangerous(method)
 
-    async def call_tool(
-        self, tool: str, arguments: Any, on_event: EventSink | None = None, progress: bool = False
-    ) -> Any:
+    async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
         """An MCP `tools/call` of `tool`, answered as a CallToolResult."""
-        conn, timeout = await self._running_in_slot(tool)
+        conn, timeout = await self._running_in_slot(tool, delivery)
         try:
-            return await self.dialect.call_tool(conn, tool, arguments, timeout, on_event, progress)
+            return await self.dialect.call_tool(conn, tool, arguments, timeout, delivery.on_event, delivery.progress)
         finally:
-            self._release()
+            self._release(delivery.client)
 
-    async def call_method(
-        self, method: str, params: Any, on_event: EventSink | None = None, progress: bool = False
-    ) -> Any:
+    async def call_method(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         """A direct call of `method`, answered with the child's own result."""
-        conn, timeout = await self._running_in_slot(method)
+        conn, timeout = await self._running_in_slot(method, delivery)
         try:
-            return await self.dialect.call_method(conn, method, params, timeout, on_event, progress)
+            return await self.dialect.call_method(conn, method, params, timeout, delivery.on_event,
+                                                  delivery.progress)
         finally:
-            self._release()
+            self._release(delivery.client)
 
-    async def notify(self, method: str, params: Any) -> bool:
+    async def notify(self, method: str, params: Any, delivery: Delivery = ANYONE) -> bool:
         """Send `method` as a notification (nothing comes back); False when the dialect has none."""
         if not self.dialect.can_notify(method):
             return False
-        conn, _ = await self._running_in_slot(method)
+        conn, _ = await self._running_in_slot(method, delivery)
         try:
             await conn.notify(method, params)
         finally:
-            self._release()
+            self._release(delivery.client)
         return True
 
-    async def _running_in_slot(self, method: str) -> tuple[Connection, float]:
-        """Hold a slot (`_release` gives it back) and the running child, for a call of `method`; its deadline."""
+    async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
+        """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
+        its deadline."""
         timeout = self.config.timeout_for(method)
-        await self._admit(timeout)
+        await self._admit(timeout, delivery.client)
         try:
+            if delivery.still_allowed is not None:
+                # A slot may have taken a while: the permission is checked again just before anything is sent.
+                delivery.still_allowed()
             return await self.ensure_running(), timeout
         except BaseException:
-            self._release()
+            self._release(delivery.client)
             raise
 
     async def has_tool(self, method: str) -> bool:
@@ -404,16 +408,22 @@ class ToolServer:
 
 
 class Slots:
-    """`size` slots, handed to waiters in arrival order; a wait is bounded by a coarse deadline.
+    """`size` slots, at most `per_client` of them held by one client, handed to waiters in arrival order among
+    those whose client may take one more; a wait is bounded by a coarse deadline.
 
-    asyncio.Semaphore under asyncio.timeout did the same with a timer made and cancelled for every call that
-    queued, and past `max_in_flight` in flight that is most calls. A slot freed while someone waits goes
-    straight to the first waiter, so a newcomer cannot take it first.
+    asyncio.Semaphore under asyncio.timeout did the same (without the shares) with a timer made and cancelled for
+    every call that queued, and past `max_in_flight` in flight that is most calls. A slot freed while someone who
+    may take it waits goes straight to them, so a newcomer cannot take it first. Free slots exist only while no
+    waiter may take one: a waiter becomes able to only when its own client gives a slot back, and `give` then
+    looks for it.
     """
 
-    def __init__(self, size: int, deadlines: Deadlines) -> None:
+    def __init__(self, size: int, deadlines: Deadlines, per_client: int | None = None) -> None:
         self._free = size
-        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._per_client = per_client or size
+        self._held: dict[str, int] = {}
+        self._waiters: collections.deque[tuple[asyncio.Future[bool], str]] = collections.deque()
+        self._queued: dict[str, int] = {}
         self._deadlines = deadlines
 
     @property
@@ -421,38 +431,69 @@ class Slots:
         """Waiters in line."""
         return len(self._waiters)
 
-    def take(self) -> bool:
-        """Take a slot if one is free and nobody waits for one."""
-        if self._free and not self._waiters:
+    def queued_by(self, client: str) -> int:
+        """Waiters of `client` in line."""
+        return self._queued.get(client, 0)
+
+    def held_by(self, client: str) -> int:
+        """Slots `client` holds."""
+        return self._held.get(client, 0)
+
+    def take(self, client: str = "") -> bool:
+        """Take a slot if one is free and `client` holds fewer than its share."""
+        held = self._held.get(client, 0)
+        if self._free and held < self._per_client:
             self._free -= 1
+            self._held[client] = held + 1
             return True
         return False
 
-    async def wait(self, timeout: float) -> bool:
+    async def wait(self, timeout: float, client: str = "") -> bool:
         """Wait in line for a slot: True once it is ours, False after `timeout` seconds without one."""
         handed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters.append(handed)
+        entry = (handed, client)
+        self._waiters.append(entry)
+        self._queued[client] = self._queued.get(client, 0) + 1
         deadline = self._deadlines.call_later(timeout, _give_up, handed)
         try:
             return await handed
         except asyncio.CancelledError:
             if _holds_slot(handed):
-                self.give()  # handed a slot just as the wait was cancelled: pass it on
+                self.give(client)  # handed a slot just as the wait was cancelled: pass it on
             raise
         finally:
             deadline.cancel()
+            _count_down(self._queued, client)
             if not _holds_slot(handed):
                 with contextlib.suppress(ValueError):  # a waiter that gave up leaves the line (rare: O(n) is fine)
-                    self._waiters.remove(handed)
+                    self._waiters.remove(entry)
 
-    def give(self) -> None:
-        """Give a slot back: to the first waiter, or to the free ones."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
+    def give(self, client: str = "") -> None:
+        """Give `client`'s slot back: to the first waiter who may take it, or to the free ones."""
+        _count_down(self._held, client)
+        for index, (waiter, who) in enumerate(self._waiters):
+            if waiter.done():
+                continue
+            held = self._held.get(who, 0)
+            if held < self._per_client:
+                del self._waiters[index]
+                self._held[who] = held + 1
                 waiter.set_result(True)
                 return
+        self._drop_finished()
         self._free += 1
+
+    def _drop_finished(self) -> None:
+        while self._waiters and self._waiters[0][0].done():
+            self._waiters.popleft()
+
+
+def _count_down(counts: dict[str, int], client: str) -> None:
+    left = counts.get(client, 0) - 1
+    if left > 0:
+        counts[client] = left
+    else:
+        counts.pop(client, None)
 
 
 def _holds_slot(handed: asyncio.Future[bool]) -> bool:

@@ -6,8 +6,8 @@ of these. This module gets them from aiohttp's undocumented classes and gives li
 else) a small surface instead:
 
 - `Connection`: one HTTP/1.1 connection, aiohttp's protocol with hooks to override (`refusal`,
-  `opened`, `receiving_request`, `request_started`, `bad_request`, `closed`) and a few services
-  (`cut_after_response`, `close_now`, `on_lost`, `is_open`, `peer`).
+  `opened`, `receiving_request`, `request_started`, `response_sent`, `bad_request`, `closed`) and a few
+  services (`cut_after_response`, `close_now`, `on_lost`, `is_open`, `peer`).
 - `Server`: aiohttp's low-level server, making `connection_class` connections and telling each when a
   request starts.
 - `Runner`: aiohttp's AppRunner, serving the app through `make_server`'s Server.
@@ -107,6 +107,10 @@ class Connection(RequestHandler):
     def request_started(self, request: web.BaseRequest) -> None:
         """aiohttp parsed `request`'s headers and is about to handle it."""
 
+    def response_sent(self, request: web.BaseRequest) -> None:
+        """`request`'s response went out (or could not: the client left). Its body may still be arriving; aiohttp
+        reads and drops the rest before the next request."""
+
     def bad_request(self, reason: str) -> None:
         """aiohttp refused a malformed or oversized request (400); it logs nothing itself about it."""
         logger.debug("bad request from %s: %s", self.peer, reason[:200])
@@ -175,6 +179,7 @@ class Connection(RequestHandler):
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
         result = await _finish_response(self, request, resp, start_time)
+        self.response_sent(request)
         if self._cut_after_response:
             self.force_close()
         else:

@@ -39,15 +39,17 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise HttpError(403, f"Origin {origin[:100]!r} is not allowed")
         return await handler(request)
     except HttpError as exc:
-        return _refused(exc)
+        return _refused(request, exc)
     except (Unauthenticated, TooManySessions) as exc:
-        return _refused(refusal(exc))
+        return _refused(request, refusal(exc))
     except web.HTTPRequestEntityTooLarge:
-        return web.Response(status=413, text="request body too large\n")
+        return _refused(request, HttpError(413, "request body too large"))
 
 
-def _refused(exc: HttpError) -> web.Response:
-    return web.Response(status=exc.status, text=exc.reason + "\n", headers=exc.headers)
+def _refused(request: web.Request, exc: HttpError) -> web.Response:
+    response = web.Response(status=exc.status, text=exc.reason + "\n", headers=exc.headers)
+    limits.close_unless_read(request, response)
+    return response
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -61,6 +63,7 @@ async def _metrics(request: web.Request) -> web.Response:
     """Prometheus metrics, for a scraper's token only (policies: [scrapers.NAME])."""
     state = request.app[STATE]
     state.generation.tokens.scraper(request.headers.get("Authorization"))
+    limits.authenticated(request)
     if state.metrics_text is None:
         raise HttpError(503, "metrics are not wired in this server")
     return web.Response(body=(await state.metrics_text()).encode(), headers={"Content-Type": metrics.CONTENT_TYPE})

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from gatewayd import approvals, jsonrpc
 from gatewayd.errors import HttpError
-from gatewayd.web import answers, sse
+from gatewayd.web import answers, limits, sse
 from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,9 @@ async def _page(request: web.Request) -> web.Response:
 
 def _operator(request: web.Request) -> str:
     """The operator's name, or HttpError(401) (no token, a wrong one, or an agent's)."""
-    return request.app[STATE].generation.tokens.operator(request.headers.get("Authorization"))
+    name = request.app[STATE].generation.tokens.operator(request.headers.get("Authorization"))
+    limits.authenticated(request)
+    return name
 
 
 def _json(body: dict[str, Any], status: int = 200) -> web.Response:

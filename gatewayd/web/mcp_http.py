@@ -34,6 +34,8 @@ SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 # Distinct Accept headers whose parse is remembered.
 ACCEPT_CACHE = 64
+# Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in a worker thread.
+PARSE_INLINE_BYTES = 64 * 1024
 # MCP's own methods need a session; `server.method` direct calls do not.
 SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel"})
 
@@ -92,17 +94,23 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     generation = state.generation
     principal = generation.tokens.authenticate(request.headers.get("Authorization"))
+    limits.authenticated(request)
     if request.content_type != "application/json":
         raise HttpError(415, "Content-Type must be application/json")
     json_ok, sse_ok = _accepts(request)
     if not (json_ok or sse_ok):
         raise HttpError(406, "Accept must allow application/json or text/event-stream")
     _check_version_header(request)
-    if request.content_length is not None and request.content_length > state.settings.max_body_bytes:
+    declared = request.content_length
+    if declared is not None and declared > state.settings.max_body_bytes:
         raise HttpError(413, f"body larger than {state.settings.max_body_bytes} bytes")
+    if declared is not None:
+        limits.admit_body(request, principal, declared)
     data = await request.read()
+    if declared is None:
+        limits.admit_body(request, principal, len(data))
     try:
-        body = jsonrpc.parse_body(data, max_depth=state.settings.max_json_depth, max_batch=state.settings.max_batch)
+        body = await _parse(state, data)
     except GatewayError as exc:
         logger.info("client=%s body refused: %s", principal.name, exc.message)
         return _body_error(exc)
@@ -111,7 +119,8 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         return _initialize(state, principal, body.messages[0])
     needs_session = any(_needs_session(message) for message in body.messages)
     session = _session_for(request, principal, required=needs_session)
-    ctx = CallContext(principal, generation.servers, session, on_disconnect=limits.on_disconnect(request))
+    ctx = CallContext(principal, generation.servers, session, on_disconnect=limits.on_disconnect(request),
+                      authority=state.principal)
     requests = await _take_non_requests(state.gateway, ctx, body.messages)
     if not requests:
         return web.Response(status=202)
@@ -121,6 +130,19 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         return _json(await _answer(state.gateway, ctx, requests[0]), session=session)
     responses = await asyncio.gather(*(_answer(state.gateway, ctx, message) for message in requests))
     return _json(responses, session=session)
+
+
+async def _parse(state: DaemonState, data: bytes) -> jsonrpc.Body:
+    """The one parse of a body: small ones here, large ones one at a time in a worker thread, so that parsing
+    megabytes (a Python hook runs per object) does not hold the event loop, and everyone else's calls, for its
+    whole length."""
+    settings = state.settings
+    if len(data) <= PARSE_INLINE_BYTES:
+        return jsonrpc.parse_body(data, max_depth=settings.max_json_depth, max_batch=settings.max_batch,
+                                  max_objects=settings.max_json_objects)
+    async with state.big_parses:
+        return await asyncio.to_thread(jsonrpc.parse_body, data, max_depth=settings.max_json_depth,
+                                       max_batch=settings.max_batch, max_objects=settings.max_json_objects)
 
 
 def _needs_session(message: jsonrpc.Message) -> bool:
@@ -190,6 +212,7 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
     """GET /mcp: the session's server-to-client stream (tools/list_changed and the like)."""
     state = _state(request)
     principal = state.generation.tokens.authenticate(request.headers.get("Authorization"))
+    limits.authenticated(request)
     _, sse_ok = _accepts(request)
     if not sse_ok:
         raise HttpError(406, "Accept must allow text/event-stream")
@@ -226,6 +249,7 @@ async def handle_delete(request: web.Request) -> web.Response:
     """DELETE /mcp: end the session; its id answers 404 from now on."""
     state = _state(request)
     principal = state.generation.tokens.authenticate(request.headers.get("Authorization"))
+    limits.authenticated(request)
     session = _session_for(request, principal, required=True)
     assert session is not None
     state.sessions.delete(session.id)

@@ -14,6 +14,7 @@ import pytest
 
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import CallTimedOut, Overloaded, ToolServerFailed, ToolServerUnavailable
+from gatewayd.upstream.api import Delivery
 from gatewayd.upstream.process import MAX_LINE_BYTES
 from gatewayd.upstream.server import State, ToolServer
 from tests.daemon import FAULTSRV
@@ -56,9 +57,12 @@ async def test_concurrent_first_calls_share_one_start(tmp_path: Path, servers: l
     assert server.state is State.RUNNING and server.pid == pids[0]
 
 
-async def test_crash_mid_call_fails_every_pending_call_at_once(tmp_path: Path, servers: list[ToolServer]) -> None:
+async def test_crash_mid_call_fails_every_pending_call_at_once(
+    tmp_path: Path, servers: list[ToolServer], caplog: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger="gatewayd.upstream.process")
     server = track(servers, fault_server(tmp_path))
-    await server.call_method("pid", {})
+    pid = await server.call_method("pid", {})
     slow = asyncio.ensure_future(server.call_method("sleep", {"seconds": 30}))
     started = time.monotonic()
     with pytest.raises(ToolServerUnavailable) as crash:
@@ -66,10 +70,12 @@ async def test_crash_mid_call_fails_every_pending_call_at_once(tmp_path: Path, s
     with pytest.raises(ToolServerUnavailable) as pending:
         await slow
     assert time.monotonic() - started < 10
-    for error in (crash.value, pending.value):
-        assert error.data["exit_status"] == 7
-        assert "crashing" in error.data["stderr_tail"]
-        assert error.to_wire()["code"] == -32011
+    for error, method in ((crash.value, "crash"), (pending.value, "sleep")):
+        wire = error.to_wire()
+        assert wire["code"] == -32011 and wire["data"]["exit_status"] == 7 and wire["data"]["method"] == method
+        # The child is every client's: what it wrote on stderr is the operators' (the daemon's log), not the caller's.
+        assert "crashing" not in json.dumps(wire) and "stderr" not in json.dumps(wire)
+    assert f"pid={pid} stderr: crashing" in caplog.text
 
 
 async def test_exit_status_zero_mid_call_is_a_failure(tmp_path: Path, servers: list[ToolServer]) -> None:
@@ -253,7 +259,7 @@ async def test_mcp_handshake_lists_tools_and_follows_list_changed(tmp_path: Path
 async def test_progress_reaches_the_call_with_the_gateway_token(tmp_path: Path, servers: list[ToolServer]) -> None:
     server = track(servers, fault_server(tmp_path, "--mcp"))
     events: list[dict[str, Any]] = []
-    result = await server.call_method("progress", {"steps": 3}, on_event=events.append, progress=True)
+    result = await server.call_method("progress", {"steps": 3}, Delivery(on_event=events.append, progress=True))
     assert result["structuredContent"] == {"value": {"steps": 3}}
     progress = [e["params"] for e in events if e["method"] == "notifications/progress"]
     assert [p["progress"] for p in progress] == [1, 2, 3]

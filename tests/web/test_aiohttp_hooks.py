@@ -131,6 +131,9 @@ class Recording(aiohttp_hooks.Connection):
     def request_started(self, request: web.BaseRequest) -> None:
         self.server.log.append(f"request_started {request.path}")
 
+    def response_sent(self, request: web.BaseRequest) -> None:
+        self.server.log.append(f"response_sent {request.path}")
+
     def bad_request(self, reason: str) -> None:
         self.server.log.append("bad_request")
 
@@ -231,8 +234,8 @@ async def test_hooks_fire_in_order_for_kept_alive_requests_and_the_close(
         await seen.lost.wait()
     assert server.log == [
         "refusal", "opened",
-        "receiving_request", "request_started /echo",
-        "receiving_request", "request_started /echo",
+        "receiving_request", "request_started /echo", "response_sent /echo",
+        "receiving_request", "request_started /echo", "response_sent /echo",
         "closed",
     ]
     assert not seen.connection.is_open

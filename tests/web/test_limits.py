@@ -21,7 +21,7 @@ from gatewayd.config.models import ClientLimits
 from gatewayd.errors import HttpError
 from gatewayd.policy import Principal
 from gatewayd.state import DaemonState
-from gatewayd.web.limits import ClientLimiter, _Quota
+from gatewayd.web.limits import EVICTION_GRACE, ClientLimiter, _Quota
 from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
 from tests.waiting import eventually
@@ -70,6 +70,14 @@ class Stack:
     def request_head(self, method: str, path: str, **headers: str) -> bytes:
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}", *(f"{k}: {v}" for k, v in headers.items())]
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+    async def call_on(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, who: str = "alice") -> int:
+        """One JSON-RPC call with `who`'s token on a raw connection (which it authenticates); the HTTP status."""
+        body = json.dumps(call("nosuch.method")).encode()
+        writer.write(self.request_head("POST", "/mcp", **self.headers(who), **{"Content-Length": str(len(body))})
+                     + body)
+        status, _ = await read_response(reader)
+        return status
 
 
 def stack_fixture(**settings: Any) -> Any:
@@ -208,8 +216,14 @@ async def test_connections_past_the_cap_get_503_while_open_ones_carry_on(few_con
     stack = few_connections
     first, second = await stack.connect(), await stack.connect()
     async with asyncio.timeout(DEADLINE):
+        # Both present a token: nobody may close them to make room (an unauthenticated one would be).
+        assert await stack.call_on(*first) == 200
+        assert await stack.call_on(*second, who="bob") == 200
         first[1].write(stack.request_head("GET", "/healthz"))
         assert await read_response(first[0]) == (200, b"ok\n")
+        # Idle long enough that an unauthenticated connection would be closed to make room for the third.
+        answered = asyncio.get_running_loop().time()
+        await eventually(lambda: asyncio.get_running_loop().time() > answered + EVICTION_GRACE, DEADLINE)
         third = await stack.connect()
         refused = await read_until_closed(third[0])
         assert status_of(refused) == 503 and b"Retry-After: 1" in refused

@@ -50,6 +50,8 @@ async def test_metrics_count_calls_servers_and_config(tmp_path: Path) -> None:
         assert sample(text, "gatewayd_children_running") == 1
         assert sample(text, "gatewayd_config_in_sync") == 1 and sample(text, "gatewayd_config_generation") == 1
         assert sample(text, "gatewayd_pending_approvals") == 0 and sample(text, "gatewayd_audit_healthy") == 1
+        assert sample(text, "gatewayd_audit_space_low") == 0
+        assert sample(text, "gatewayd_audit_records_failed_total") == 0
         assert "# TYPE gatewayd_call_duration_seconds histogram" in text
         # Python's cyclic collector, as Prometheus' own Python client names it: runs and objects by generation.
         for generation in range(3):

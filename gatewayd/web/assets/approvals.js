@@ -221,27 +221,31 @@
     ui.list.append(entry.node);
   }
 
+  // What came from a call (its method, client, arguments, and who decided why) is rendered only from the
+  // approval's `shown` form: gatewayd escapes control, bidi and invisible characters there (display.py), which
+  // textContent alone would still let reorder or hide what the operator reads.
   function build(approval) {
     const n = ++serial;
+    const shown = approval.shown;
     const webAllowed = approval.channels.includes("web");
     const entry = { approval, finished: false, receivedAt: performance.now(), expiresIn: approval.expires_in_s,
                     age: approval.age_s };
     const heading = el("h3", { id: "approval-" + n },
-      el("span", { className: "method", text: approval.method }), " ",
-      el("span", { className: "from", text: "from " + approval.client }));
+      el("span", { className: "method", text: shown.method }), " ",
+      el("span", { className: "from", text: "from " + shown.client }));
     entry.timer = el("p", { className: "timer" });
     const facts = el("dl", { className: "facts" });
     const fact = (term, value) => facts.append(el("dt", { text: term }), el("dd", { text: value }));
     fact("Approval id", approval.id);
-    fact("Client", approval.client);
-    fact("Method", approval.method);
+    fact("Client", shown.client);
+    fact("Method", shown.method);
     fact("Requested", new Date(approval.created * 1000).toLocaleString());
     fact("Arguments SHA-256", approval.params_sha256);
     const argsLabel = el("p", { className: "hint", id: "args-" + n,
                                 text: "Arguments, exactly as the agent sent them — read them before approving:" });
     const args = el("pre", { className: "arguments", "data-field": "arguments", tabindex: "0",
                              "aria-labelledby": "args-" + n });
-    args.textContent = JSON.stringify(approval.arguments, null, 2);
+    args.textContent = shown.arguments;
     entry.reason = el("input", { type: "text", id: "reason-" + n, maxlength: String(MAX_REASON),
                                  "data-field": "reason", autocomplete: "off" });
     const reasonLabel = el("label", { for: "reason-" + n, text: "Reason for denying (optional, sent to the agent)" });
@@ -250,7 +254,7 @@
       entry.again.append(el("option", { value: String(seconds), text: label }));
     }
     const againLabel = el("label", { for: "again-" + n,
-                                     text: "When approving, also let " + approval.client +
+                                     text: "When approving, also let " + shown.client +
                                            " make this very call again (same arguments) without asking:" });
     entry.approve = el("button", { type: "button", className: "approve", "data-action": "approve",
                                    "aria-describedby": "approval-" + n, text: "Approve" });
@@ -286,15 +290,15 @@
   function finish(approval) {
     const entry = items.get(approval.id);
     const said = outcome(approval);
-    remember(approval.method + " from " + approval.client + " (" + approval.id + "): " + said);
+    remember(approval.shown.method + " from " + approval.shown.client + " (" + approval.id + "): " + said);
     if (entry && !entry.finished) markFinished(entry, said, approval.state);
   }
 
   function outcome(approval) {
     const verb = { approved: "Approved", denied: "Denied", expired: "Expired", withdrawn: "Withdrawn" };
     let text = verb[approval.state] || approval.state;
-    if (approval.decided_by) text += " by " + approval.decided_by;
-    if (approval.reason) text += " — " + approval.reason;
+    if (approval.shown.decided_by) text += " by " + approval.shown.decided_by;
+    if (approval.shown.reason) text += " — " + approval.shown.reason;
     return text;
   }
 
