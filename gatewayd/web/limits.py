@@ -53,6 +53,9 @@ BODY_DEADLINE = web.RequestKey("body_deadline", float)
 # The client whose slot a request holds, given back when the request ends.
 SLOT_HOLDER = web.RequestKey("slot_holder", str)
 
+# What a JSON-RPC message of a tool call usually weighs, at most: a client allowed N messages a second is allowed
+# N times this many bytes a second, if that is more than its byte rate.
+MESSAGE_BYTES = 4096
 # A refused client may try again soon: connections and call slots free up as others finish.
 RETRY_AFTER_BUSY = 1
 
@@ -559,10 +562,13 @@ class ClientLimiter:
                    settings.client_bytes_rate, max(settings.client_bytes_burst, settings.max_body_bytes))
 
     def admit_bytes(self, principal: Principal, size: int) -> None:
-        """Charge `size` request bytes to `principal`; raise HttpError(429) when over its byte rate."""
-        overrides, defaults = principal.limits, self._bytes
-        quota = _Quota(0, overrides.bytes_rate if overrides.bytes_rate is not None else defaults.rate,
-                       overrides.bytes_burst if overrides.bytes_burst is not None else defaults.burst)
+        """Charge `size` request bytes to `principal`; raise HttpError(429) when over its byte rate. A client allowed
+        more messages is allowed MESSAGE_BYTES for each of them, if that is more: lifting a client's message rate
+        lifts its byte rate with it."""
+        overrides, defaults, messages = principal.limits, self._bytes, self._quota(principal.limits)
+        rate = overrides.bytes_rate if overrides.bytes_rate is not None else defaults.rate
+        burst = overrides.bytes_burst if overrides.bytes_burst is not None else defaults.burst
+        quota = _Quota(0, max(rate, messages.rate * MESSAGE_BYTES), max(burst, messages.burst * MESSAGE_BYTES))
         _charge(self._byte_buckets, principal.name, size, quota, self._clock(), "bytes")
 
     def in_flight(self, client: str) -> int:

@@ -33,6 +33,8 @@ P99_FLOOR = 0.002
 # The other client's pace: one call, then this pause.
 CALL_PAUSE = 0.02
 UNLOADED_CALLS = 600
+ATTACKS = ("initialize", "sessions", "names", "ids", "bodies", "infinity", "gated", "slots", "unread", "idle", "auth",
+           "batch")
 # How often the daemon's RSS is sampled.
 RSS_EVERY = 0.25
 
@@ -113,8 +115,7 @@ async def test_a_hostile_client_cannot_hurt_another_one(tmp_path: Path) -> None:
         print(f"hostile: p99 unloaded {p99(unloaded) * 1000:.2f} ms, under attack {p99(loaded) * 1000:.2f} ms "
               f"({len(loaded)} calls); RSS {rss_before:.0f} → peak {peak:.0f} MiB; audit +{grown:.1f} MiB; {attacks}")
         # Every attack ran.
-        for name in () if ONLY else ("initialize", "sessions", "names", "ids", "bodies", "infinity", "gated", "slots", "unread",
-                     "idle", "auth", "batch"):
+        for name in () if ONLY else ATTACKS:
             assert any(key.startswith(name + ":") for key in attacks), (name, attacks)
         # The other client was served all along, within bounds.
         bound = P99_FACTOR * max(p99(unloaded), P99_FLOOR)

@@ -238,8 +238,10 @@ async def test_answers_a_client_does_not_read_keep_holding_its_slots(shares: Sha
 
 async def test_a_client_is_charged_for_its_bytes_and_others_are_not(tmp_path: Path) -> None:
     tokens = write_config(tmp_path, {"spy": python_command(str(FAULTSRV)) + SPY}, ROLES, CLIENTS)
-    async with running_stack(tmp_path, max_body_bytes=64 * 1024, client_bytes_rate=1024,
-                             client_bytes_burst=64 * 1024) as (client, state):
+    with (tmp_path / "policies" / "clients.toml").open("a") as clients:
+        clients.write("\n[clients.hoarder.limits]\nrate = 100000.0\nburst = 100000\n")
+    async with running_stack(tmp_path, max_body_bytes=64 * 1024, client_bytes_rate=1024, client_bytes_burst=64 * 1024,
+                             client_rate=1.0, client_burst=4) as (client, state):
         shares = Shares(client, state, tokens, tmp_path / "none")
         big = {"jsonrpc": "2.0", "id": 1, "method": "spy.echo", "params": {"blob": "x" * 60_000}}
         assert (await shares.post(big, "mallory"))[0] == 200
@@ -247,3 +249,6 @@ async def test_a_client_is_charged_for_its_bytes_and_others_are_not(tmp_path: Pa
         assert response.status == 429 and int(response.headers["Retry-After"]) >= 1
         assert "bytes/s" in await response.text()
         assert (await shares.post(big, "alice"))[0] == 200
+        # A client whose message rate was lifted gets 4 KiB of bytes per message with it.
+        for _ in range(3):
+            assert (await shares.post(big, "hoarder"))[0] == 200
