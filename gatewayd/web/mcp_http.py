@@ -116,7 +116,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         return _body_error(exc)
     limits.admit_post(request, principal, body.messages)
     if not body.is_batch and isinstance(body.messages[0], Request) and body.messages[0].method == "initialize":
-        return _initialize(state, principal, body.messages[0])
+        return _initialize(state, principal, body.messages[0], sse_ok)
     needs_session = any(_needs_session(message) for message in body.messages)
     session = _session_for(request, principal, required=needs_session)
     ctx = CallContext(principal, generation.servers, session, on_disconnect=limits.on_disconnect(request),
@@ -124,7 +124,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     requests = await _take_non_requests(state.gateway, ctx, body.messages)
     if not requests:
         return web.Response(status=202)
-    if not body.is_batch and sse_ok and _is_call(requests[0]):
+    if not body.is_batch and sse_ok:
         return await _answer_sse(request, state, ctx, requests[0])
     if not body.is_batch:
         return _json(await _answer(state.gateway, ctx, requests[0]), session=session)
@@ -151,10 +151,6 @@ def _needs_session(message: jsonrpc.Message) -> bool:
     return isinstance(message, Response)
 
 
-def _is_call(message: Request | Invalid) -> bool:
-    return isinstance(message, Request) and message.method not in ("ping", "tools/list", "logging/setLevel")
-
-
 async def _take_non_requests(
     gateway: Gateway, ctx: CallContext, messages: list[jsonrpc.Message]
 ) -> list[Request | Invalid]:
@@ -178,11 +174,13 @@ async def _answer(gateway: Gateway, ctx: CallContext, message: Request | Invalid
     return await gateway.dispatch(ctx, message)
 
 
-def _initialize(state: DaemonState, principal: Principal, message: Request) -> web.Response:
+def _initialize(state: DaemonState, principal: Principal, message: Request, sse_ok: bool) -> web.Response:
     params = message.params if isinstance(message.params, dict) else {}
     session = state.sessions.create(principal.name, params)
-    result = state.gateway.initialize_result(session.protocol_version)
-    return _json(jsonrpc.result_response(message.id, result), session=session)
+    answer = jsonrpc.result_response(message.id, state.gateway.initialize_result(session.protocol_version))
+    if sse_ok:
+        return sse.whole(answer, {SESSION_HEADER: session.id})
+    return _json(answer, session=session)
 
 
 # -- SSE -----------------------------------------------------------------------------------

@@ -33,6 +33,11 @@ def event(message: dict[str, Any]) -> bytes:
     return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
 
 
+def whole(message: dict[str, Any], headers: dict[str, str]) -> web.Response:
+    """A stream of one event, sent as one body with a length: an answer that is ready at once."""
+    return web.Response(body=event(message), headers={**HEADERS, **headers})
+
+
 class CallStream:
     """The SSE answer to one call. Give `emit` to the call as its event sink, then `finish` with its response."""
 
@@ -89,7 +94,7 @@ class CallStream:
         self._finished = True
         self._timer.cancel()
         if self._pump is None:
-            return web.Response(body=event(message), headers=self._headers)
+            return web.Response(body=event(message), headers=self._headers)  # nothing was streamed: one body
         self._wake.set()
         await self._pump
         assert self._response is not None

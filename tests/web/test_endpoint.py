@@ -84,6 +84,13 @@ def call(method: str, params: Any = None, id: Any = 1) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id, "method": method, **({"params": params} if params is not None else {})}
 
 
+async def answer_of(response: Any) -> Any:
+    """The JSON-RPC answer of a response, sent as JSON or, when the client accepts it, as SSE (its last event)."""
+    if response.content_type == "text/event-stream":
+        return sse_events(await response.text())[-1]
+    return await response.json()
+
+
 def sse_events(text: str) -> list[dict[str, Any]]:
     """The JSON of every `data:` line; each must be a whole message on one line."""
     return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
@@ -180,7 +187,7 @@ async def test_initialize_negotiates_the_version(stack: Stack) -> None:
     for asked, answered in [("2025-11-25", "2025-11-25"), ("2025-03-26", "2025-03-26"), ("1999-01-01", "2025-11-25")]:
         response = await stack.post(call("initialize", {"protocolVersion": asked, "capabilities": {},
                                                         "clientInfo": {"name": "t", "version": "1"}}), Accept=SSE)
-        body = await response.json()
+        body = await answer_of(response)
         assert body["result"]["protocolVersion"] == answered
         assert body["result"]["capabilities"]["tools"] == {"listChanged": True}
         session = response.headers["Mcp-Session-Id"]
@@ -214,13 +221,13 @@ async def test_unsupported_protocol_version_header_is_400(stack: Stack) -> None:
 async def test_ping(stack: Stack) -> None:
     session = await stack.initialize()
     response = await stack.post(call("ping"), Accept=SSE, **{"Mcp-Session-Id": session})
-    assert (await response.json()) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert (await answer_of(response)) == {"jsonrpc": "2.0", "id": 1, "result": {}}
 
 
 async def test_tools_list_shows_what_the_client_may_call_in_order(stack: Stack) -> None:
     session = await stack.initialize(who="calc_only")
     response = await stack.post(call("tools/list"), who="calc_only", Accept=SSE, **{"Mcp-Session-Id": session})
-    tools = (await response.json())["result"]["tools"]
+    tools = (await answer_of(response))["result"]["tools"]
     assert [t["name"] for t in tools] == ["calc__add", "calc__divide", "calc__log"]
     assert tools[0]["inputSchema"] == {"type": "object", "properties": {"a": {"type": "number"},
                                                                         "b": {"type": "number"}}}
@@ -230,7 +237,7 @@ async def test_tools_list_shows_what_the_client_may_call_in_order(stack: Stack) 
 async def test_tools_list_passes_mcp_schemas_through_verbatim(stack: Stack) -> None:
     session = await stack.initialize()
     response = await stack.post(call("tools/list"), Accept=SSE, **{"Mcp-Session-Id": session})
-    names = [t["name"] for t in (await response.json())["result"]["tools"]]
+    names = [t["name"] for t in (await answer_of(response))["result"]["tools"]]
     assert names == sorted(names) and "fault__echo" in names and "calc__add" in names
 
 
@@ -409,3 +416,17 @@ async def test_a_bug_answers_internal_error_without_details(stack: Stack, monkey
     assert response.status == 200
     assert await response.json() == {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "Internal error"}}
     assert "secret detail of a bug" in caplog.text  # in the daemon's log, never on the wire
+
+
+@pytest.mark.parametrize("method", ["ping", "tools/list", "logging/setLevel"])
+async def test_every_answer_is_sse_when_the_client_accepts_it_and_json_when_it_does_not(stack: Stack,
+                                                                                       method: str) -> None:
+    session = await stack.initialize()
+    params = {"level": "info"} if method == "logging/setLevel" else None
+    streamed = await stack.post(call(method, params), Accept=SSE, **{"Mcp-Session-Id": session})
+    assert streamed.content_type == "text/event-stream"
+    # Ready at once: one body with a length, not a held-open stream.
+    assert streamed.headers.get("Content-Length") is not None
+    plain = await stack.post(call(method, params), Accept="application/json", **{"Mcp-Session-Id": session})
+    assert plain.content_type == "application/json"
+    assert await answer_of(streamed) == await plain.json()
