@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import admin, systemd
+from gatewayd import admin, surfaces, systemd
 from gatewayd.approvals import Approvals
 from gatewayd.audit import AuditLog
 from gatewayd.catalog import Catalog, tell_tools_changed
@@ -33,10 +33,12 @@ from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
 from gatewayd.metrics import Metrics
 from gatewayd.records import Records
+from gatewayd.relay import Relay
 from gatewayd.reloader import Reloader
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.state import DaemonState
+from gatewayd.surfaces import Surfaces
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import State
 from gatewayd.web import console
@@ -138,11 +140,14 @@ class Daemon:
 def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     """Wire the parts for the first generation of `snapshot`; nothing is started yet."""
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout, settings.max_sessions_per_client)
-    pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name))
+    pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name),
+                on_surface_event=lambda name, message: surfaces.tell(sessions, state.generation.tokens, name, message))
     audit_log = AuditLog(settings.audit_file(), reserve_bytes=settings.audit_reserve_bytes)
     metrics, registry, inflight = Metrics(), Approvals(), Inflight()
     records = Records(audit_log, metrics)
-    gateway = Gateway(Catalog(settings.tool_name_separator), records, ConfirmationGate(registry, records), inflight)
+    catalog = Catalog(settings.tool_name_separator)
+    gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, Surfaces(catalog),
+                      Relay(records))
     state = DaemonState(settings, Generation.first(snapshot, pool), pool, gateway, sessions, registry, inflight,
                         audit_log, metrics)
     return state

@@ -37,7 +37,7 @@ async def authorize(call: Call, target: Target, records: Records) -> ConfirmOpti
     if verdict.decision is Decision.DENY and not verdict.refused_arguments:
         records.decided(call, "deny", reason=verdict.reason)
         raise unknown(call)
-    if not await server.has_tool(method):
+    if not target.surface and not await server.has_tool(method):
         records.decided(call, "deny", reason="unknown")
         raise unknown(call)
     rule = verdict.rule.describe() if verdict.rule else None

@@ -56,10 +56,13 @@ class CallContext:
 
 @dataclass(frozen=True)
 class Target:
-    """A canonical call target: one tool server and one of its methods."""
+    """A canonical call target: one tool server and one of its methods (for a `surface` target — a resource,
+    prompt or completion route, surfaces.py — the method it is decided as, `resources/read` …, whose existence
+    routing has already established)."""
 
     server: Upstream
     method: str
+    surface: bool = False
 
     @property
     def canonical(self) -> str:

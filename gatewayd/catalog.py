@@ -1,8 +1,9 @@
 """What each client may see: MCP tool names, the aggregated `tools/list`, and who hears that it changed.
 
 Owns the tool name format (`<server><separator><tool>`, checked against the alphabet LLM APIs accept,
-reversed exactly), listing every tool a principal may call across the servers of its generation in a
-deterministic order (marking those that wait for a person), and choosing which sessions are told
+reversed exactly) and the prompt name format (`<server><separator><prompt>`, reversed exactly), listing
+every tool a principal may call across the servers of its generation in a deterministic order (marking
+those that wait for a person), and choosing which sessions are told
 `notifications/tools/list_changed`. Does not own the decision itself (policy.py) or routing a call
 (routing.py).
 """
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 # LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A prompt's own name may use any characters; it is only kept to a sane length.
+MAX_PROMPT_CHARS = 256
 CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "
 CONFIRM_META = "io.gatewayd/requiresConfirmation"
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
@@ -47,6 +50,21 @@ class Catalog:
         if not sep or not TOOL_NAME.fullmatch(name):
             return None
         return server, method
+
+    def prompt_name(self, server: str, prompt: str) -> str | None:
+        """The name clients see for `server`'s prompt, or None when it could not be reversed exactly (a server name
+        holding the separator, an empty or overlong prompt name)."""
+        if self.separator in server or not prompt or len(prompt) > MAX_PROMPT_CHARS:
+            return None
+        return f"{server}{self.separator}{prompt}"
+
+    def split_prompt(self, name: str) -> tuple[str, str] | None:
+        """(server, prompt) of a prompt name as clients see it, or None when it cannot be one. Exact: the server
+        part ends at the first separator (server names never hold it), nothing is folded."""
+        server, sep, prompt = name.partition(self.separator)
+        if not sep or not server or not prompt or len(prompt) > MAX_PROMPT_CHARS:
+            return None
+        return server, prompt
 
     async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> dict[str, Any]:
         """Every tool the principal may call, across servers, in a deterministic order."""

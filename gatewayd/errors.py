@@ -253,3 +253,25 @@ class ConfigError(Exception):
 def error_response(request_id: Any, error: GatewayError) -> dict[str, Any]:
     """A complete JSON-RPC error response."""
     return {"jsonrpc": "2.0", "id": request_id, "error": error.to_wire()}
+
+
+class UnknownResource(InvalidParams):
+    """Raised for a resource URI nobody the client may read from offers, and, identically, for one it may not read
+    (-32602, as MCP's SEP-2164 has it; earlier versions said -32002)."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(f"Unknown resource: {uri}", {"uri": uri})
+
+
+class UnknownPrompt(InvalidParams):
+    """Raised for `prompts/get` of an unknown or denied prompt; the text is the same for both."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Unknown prompt: {name}")
+
+
+class UnknownReference(InvalidParams):
+    """Raised for `completion/complete` of an unknown or denied prompt or resource template."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"Unknown reference: {name}")

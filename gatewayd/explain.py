@@ -10,9 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from gatewayd import surfaces
 from gatewayd.config.loader import Snapshot
 from gatewayd.policy import Decision, confirm_options, confirm_required, decide, principal_for
 from gatewayd.upstream.dialects import dialect_for
+
+# What each canonical surface name grants (surfaces.py), for the operator.
+SURFACE_GRANTS = {
+    surfaces.READ: "grants listing, reading, subscribing to and unsubscribing from its resources and templates "
+                   "(resources/list, resources/templates/list, resources/read, resources/subscribe, "
+                   "resources/unsubscribe)",
+    surfaces.GET: "grants listing and getting its prompts (prompts/list, prompts/get)",
+    surfaces.COMPLETE: "grants completion/complete of its prompts' and templates' arguments, for a client that may "
+                       "also see them (prompts/get, resources/read)",
+}
 
 
 def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Iterator[str]:
@@ -50,6 +61,13 @@ def _existence(snapshot: Snapshot, server: str, tool: str) -> Iterator[str]:
         yield f"  note: no tool server {server!r} in tools.d, so the call would answer as an unknown method"
         return
     dialect = dialect_for(server, config)
+    if tool in SURFACE_GRANTS:
+        if dialect.offers_surfaces:
+            yield f"  note: {server}.{tool} {SURFACE_GRANTS[tool]}"
+        else:
+            yield (f"  note: {server} is a {dialect.protocol.upper()} server: it offers no resources, prompts or "
+                   "completions, so there is nothing this would grant")
+        return
     declared = dialect.declares(tool)
     if declared is False:
         yield f"  note: {server}.toml declares no method {tool!r}, so the call would answer as an unknown method"

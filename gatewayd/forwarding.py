@@ -3,29 +3,86 @@
 Owns which of the server's entry points a route uses (`tools/call` → a tool call answered as an MCP
 result; a direct `server.method` → the server's own result; a notification → a notification), sending
 exactly the arguments that were decided, shown to a person, hashed and audited (never the caller's
-own `_meta`, which only says how to deliver), and
-mapping the child's notifications about the call to the caller's: progress under the caller's own
-progress token (only when it asked for progress), log lines through the session's log level. Does
-not own how each protocol is spoken (upstream/dialects.py).
+own `_meta`, which only says how to deliver); what the caller's `_meta` says about delivery: its
+deadline (`io.gatewayd/timeoutMs`, which bounds the call together with the configured timeout, the
+smaller winning) and its trace context (`traceparent`/`tracestate`, or the gateway's own trace id,
+passed to the child in `_meta` on every route); and mapping the child's notifications about the call
+to the caller's: progress under the caller's own progress token (only when it asked for progress),
+log lines through the session's log level; and who the child's own requests during the call are put to
+(the caller, through relay.py). Does not own how each protocol is spoken (upstream/dialects.py).
 """
 
 from __future__ import annotations
 
+import math
+import random
+import time
 from collections.abc import Callable
 from typing import Any
 
+from gatewayd import audit
 from gatewayd.calls import TOOLS_CALL, Call, CallContext, Target
+from gatewayd.errors import CallTimedOut
+from gatewayd.relay import Relay
 from gatewayd.upstream.api import Delivery, EventSink
 
+# The `_meta` key of a caller's own deadline for a call, in milliseconds from when the gateway received it.
+TIMEOUT_KEY = "io.gatewayd/timeoutMs"
+# The W3C trace-context members passed on to the child (a well-formed traceparent, else the gateway's own).
+TRACESTATE_MAX_CHARS = 512
 
-async def forward(call: Call, target: Target, still_allowed: Callable[[], None] | None) -> Any:
+
+async def forward(call: Call, target: Target, still_allowed: Callable[[], None] | None,
+                  relay: Relay | None = None) -> Any:
     """Send the call to its server (once `still_allowed` passes, if given) and return what the caller is
-    answered with."""
+    answered with; the server's own requests meanwhile go to the caller through `relay`."""
     on_event, progress = _event_mapper(call.ctx, call.meta)
-    delivery = Delivery(call.ctx.principal.name, on_event, progress, still_allowed)
-    if call.route == TOOLS_CALL:
-        return await target.server.call_tool(target.method, call.arguments, delivery)
-    return await target.server.call_method(target.method, call.arguments, delivery)
+    budget = _caller_budget(call)
+    caller = relay.caller(call.ctx) if relay is not None else None
+    delivery = Delivery(call.ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
+                        meta=_trace_meta(call))
+    try:
+        if call.route == TOOLS_CALL:
+            return await target.server.call_tool(target.method, call.arguments, delivery)
+        if target.surface:
+            # A resource, prompt or completion request: the route is the MCP method the server is sent.
+            return await target.server.call_surface(call.route, call.arguments, delivery)
+        return await target.server.call_method(target.method, call.arguments, delivery)
+    except CallTimedOut as exc:
+        if budget is not None:
+            # How much of the caller's own deadline was left when the call gave up (0: it was the caller's).
+            exc.data["remaining_ms"] = max(0, round(_deadline_ms(call) - time.monotonic() * 1000))
+        raise
+
+
+def _caller_budget(call: Call) -> float | None:
+    """Seconds left of the caller's `_meta` deadline, or None if it gave none (a bad value is ignored)."""
+    meta = call.meta
+    wanted = meta.get(TIMEOUT_KEY) if isinstance(meta, dict) else None
+    if isinstance(wanted, bool) or not isinstance(wanted, int | float) or not math.isfinite(wanted) or wanted <= 0:
+        return None
+    return max(0.0, _deadline_ms(call) / 1000 - time.monotonic())
+
+
+def _deadline_ms(call: Call) -> float:
+    wanted = call.meta[TIMEOUT_KEY]
+    return float(call.started * 1000 + wanted)
+
+
+def _trace_meta(call: Call) -> dict[str, Any]:
+    """The trace context the child is sent: the caller's, if well formed, else one made from the gateway's trace id
+    (the id the call's audit records carry)."""
+    meta = call.meta if isinstance(call.meta, dict) else {}
+    parent = meta.get("traceparent")
+    if isinstance(parent, str) and audit.trace_id(meta) == parent[3:35]:
+        out: dict[str, Any] = {"traceparent": parent}
+        state = meta.get("tracestate")
+        if isinstance(state, str) and len(state) <= TRACESTATE_MAX_CHARS:
+            out["tracestate"] = state
+        return out
+    if not call.trace:
+        call.trace = audit.trace_id(meta)
+    return {"traceparent": f"00-{call.trace}-{random.getrandbits(64):016x}-01"}
 
 
 async def send(call: Call, target: Target, still_allowed: Callable[[], None] | None) -> bool:

@@ -9,8 +9,9 @@ Owns the pipeline every call to a tool server runs, in this order, each step in 
     forward   forwarding.forward     to the tool server (upstream/), re-serialized from what was authorized
     record    records.outcome        how it ended, for the audit log and the metrics
 
-and turning what a step raises into the caller's JSON-RPC answer. Does not own HTTP or sessions
-(web/), the policy (policy.py) or tool servers (upstream/).
+and turning what a step raises into the caller's JSON-RPC answer. Resource, prompt and completion calls
+(surfaces.py) run the same pipeline, routed to the server that owns their URI, prompt or reference.
+Does not own HTTP or sessions (web/), the policy (policy.py) or tool servers (upstream/).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import asyncio
 import logging
 from typing import Any
 
-from gatewayd import __version__, calls, jsonrpc
+from gatewayd import __version__, calls, jsonrpc, surfaces
 from gatewayd.authorize import authorize, still_allowed
-from gatewayd.calls import Call, CallContext
+from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
 from gatewayd.confirmation import ConfirmationGate
 from gatewayd.errors import GatewayError, InternalError, InvalidParams
@@ -29,7 +30,8 @@ from gatewayd.forwarding import forward, send
 from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Notification, Request, Response
 from gatewayd.records import Records
-from gatewayd.routing import route
+from gatewayd.relay import Relay
+from gatewayd.routing import route, route_surface
 from gatewayd.sessions import LOG_LEVELS
 
 logger = logging.getLogger(__name__)
@@ -40,11 +42,15 @@ SERVER_INFO = {"name": "gatewayd", "version": __version__}
 class Gateway:
     """Answers parsed messages: the gateway's own MCP methods, and calls through the pipeline."""
 
-    def __init__(self, catalog: Catalog, records: Records, gate: ConfirmationGate, inflight: Inflight) -> None:
+    def __init__(self, catalog: Catalog, records: Records, gate: ConfirmationGate, inflight: Inflight,
+                 owners: surfaces.Surfaces | None = None, relay: Relay | None = None) -> None:
         self.catalog = catalog
+        self.surfaces = owners if owners is not None else surfaces.Surfaces(catalog)
         self.records = records
         self.gate = gate
         self.inflight = inflight
+        # The requests tool servers send callers during their calls (sampling, elicitation, roots).
+        self.relay = relay if relay is not None else Relay(records)
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -81,8 +87,11 @@ class Gateway:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
 
     def answer(self, ctx: CallContext, message: Response) -> None:
-        """A client's response to a request the gateway sent it (an elicitation); anything else is dropped."""
-        self.gate.answer(ctx, message)
+        """A client's response to a request the gateway sent it, routed by its id: a request a tool server relayed
+        (relay.py, ids `gatewayd-relay-…`) or the approval question (confirmation.py, `gatewayd-approval-…`);
+        anything else is dropped."""
+        if not self.relay.answer(ctx, message):
+            self.gate.answer(ctx, message)
 
     async def _answer(self, ctx: CallContext, message: Request) -> Any:
         method = message.method
@@ -94,19 +103,22 @@ class Gateway:
             return await self._call(_tool_call(ctx, message))
         if method == "logging/setLevel":
             return _set_level(ctx, message.params)
+        if method in surfaces.METHODS:
+            return await self._surface(ctx, message)
         return await self._call(calls.direct(ctx, calls.DIRECT, message.id, method, message.params))
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    async def _call(self, call: Call) -> Any:
-        """One call's whole path: route → decide → track → confirm → forward → record."""
-        target = route(call, self.catalog, self.records)
+    async def _call(self, call: Call, target: Target | None = None) -> Any:
+        """One call's whole path: route (unless already routed) → decide → track → confirm → forward → record."""
+        if target is None:
+            target = route(call, self.catalog, self.records)
         confirm = await authorize(call, target, self.records)
         try:
             with self.inflight.track(call):
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
-                result = await forward(call, target, still_allowed(call, target, self.records))
+                result = await forward(call, target, still_allowed(call, target, self.records), self.relay)
         except GatewayError as exc:
             self.records.outcome(call, exc.error_type, error_code=exc.code)
             raise
@@ -116,15 +128,40 @@ class Gateway:
         self.records.outcome(call, _status(result))
         return result
 
+    async def _surface(self, ctx: CallContext, message: Request) -> Any:
+        """Resources, templates, prompts, completion (surfaces.py): a list, or a call through the pipeline whose
+        route is the MCP method and whose target is the server that owns the URI, prompt or reference."""
+        method = message.method
+        if method in surfaces.LISTS:
+            return await self.surfaces.list(ctx.principal, ctx.servers, method)
+        call = self.surfaces.call(ctx, message)
+        session = ctx.session
+        if method == surfaces.SUBSCRIBE and session is not None \
+                and len(session.subscriptions) >= surfaces.MAX_SUBSCRIPTIONS:
+            raise InvalidParams(f"this session holds {surfaces.MAX_SUBSCRIPTIONS} subscriptions: unsubscribe some")
+        target = await route_surface(call, self.surfaces, self.records)
+        result = await self._call(call, target)
+        if session is not None and method in (surfaces.SUBSCRIBE, surfaces.UNSUBSCRIBE):
+            # Updates reach this session only for the server its subscription went to (surfaces.tell).
+            key = (target.server.name, call.name)
+            if method == surfaces.SUBSCRIBE:
+                session.subscriptions.add(key)
+            else:
+                session.subscriptions.discard(key)
+        return result
+
     # -- MCP methods -----------------------------------------------------------------------
 
     def initialize_result(self, version: str) -> dict[str, Any]:
         """The answer to MCP `initialize` once the session exists."""
         return {
             "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": True}, "logging": {}},
+            "capabilities": {"tools": {"listChanged": True}, "logging": {},
+                             "resources": {"subscribe": True, "listChanged": True}, "prompts": {"listChanged": True},
+                             "completions": {}},
             "serverInfo": SERVER_INFO,
-            "instructions": f"Tools of several servers, each named <server>{self.catalog.separator}<tool>.",
+            "instructions": f"Tools and prompts of several servers, each named <server>{self.catalog.separator}<name>; "
+                            "resources keep their servers' URIs.",
         }
 
 

@@ -1,4 +1,5 @@
-"""What the audit log and the metrics are told about each call: its decision, its approval, its outcome.
+"""What the audit log and the metrics are told about each call: its decision, its approval, its outcome, and
+the requests its tool server relayed to the caller.
 
 Owns the shape of a call's records and which of them must be on disk before the call may go on
 (`decided_durably`, `approval`): the others are queued by plain functions, not coroutines, because
@@ -14,6 +15,7 @@ from typing import Any
 from gatewayd import approvals, audit
 from gatewayd.calls import Call
 from gatewayd.metrics import Metrics
+from gatewayd.sessions import SESSION_ID_SHOWN
 
 
 class Records:
@@ -54,6 +56,19 @@ class Records:
         self.metrics.observe_call(server, method, status, seconds)
         if self.audit.enabled:
             self.audit.queue(call.record("outcome", status=status, duration_ms=round(seconds * 1000, 3), **fields))
+
+
+    def relayed(self, *, server: str, kind: str, client: str, session: str | None, request_id: str | None,
+                outcome: str, params: Any, seconds: float) -> None:
+        """Record how a request a tool server sent the client during a call ended (relay.py); queued, not waited
+        for. `request_id` is the gateway's own id toward the client (None: refused before it was sent)."""
+        if self.audit.enabled:
+            self.audit.queue({
+                "event": "relayed", "client": client,
+                "session": session[:SESSION_ID_SHOWN] if session else None,
+                "server": server, "kind": kind, "request_id": request_id, "outcome": outcome,
+                "duration_ms": round(seconds * 1000, 3), "params": audit.summarize(params),
+            })
 
 
 def _decision(call: Call, decision: str, fields: dict[str, Any]) -> dict[str, Any]:

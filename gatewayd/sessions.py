@@ -56,6 +56,8 @@ class Session:
         default_factory=lambda: asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
     )
     stream_open: bool = False
+    # (server, uri) of each resource this session subscribed to (surfaces.py): who hears `resources/updated`.
+    subscriptions: set[tuple[str, str]] = field(default_factory=set)
     # The session ends (DELETE, expiry): pending approvals of its calls are withdrawn.
     _ended: Once = field(default_factory=Once)
 
@@ -84,6 +86,13 @@ class Session:
         """Whether the client declared MCP elicitation in form mode (`elicitation: {}` means form)."""
         declared = self.capabilities.get("elicitation")
         return isinstance(declared, dict) and (not declared or isinstance(declared.get("form"), dict))
+
+    def supports_elicitation(self, mode: Any) -> bool:
+        """Whether the client declared MCP elicitation in `mode` ("form", or "url" as 2025-11-25 names it)."""
+        if mode == "form":
+            return self.supports_form_elicitation()
+        declared = self.capabilities.get("elicitation")
+        return mode == "url" and isinstance(declared, dict) and isinstance(declared.get("url"), dict)
 
     def push(self, message: dict[str, Any] | None) -> None:
         """Queue a notification for the GET stream (None ends it); the oldest is dropped when full."""

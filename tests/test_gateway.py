@@ -85,6 +85,15 @@ class Scripted:
     async def call_method(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         return await self._run("method", method, params, delivery)
 
+    # What it lists besides tools, by kind (`resources`, `resourceTemplates`, `prompts`), as MCP objects.
+    surfaces: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    async def surface(self, kind: str) -> list[dict[str, Any]]:
+        return self.surfaces.get(kind, [])
+
+    async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
+        return await self._run("surface", method, params, delivery)
+
     async def notify(self, method: str, params: Any, delivery: Delivery = ANYONE) -> bool:
         if self.notifies:
             self.received.append(("notify", method, params))

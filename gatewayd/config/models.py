@@ -78,6 +78,8 @@ class ServerConfig(_Strict):
     max_restarts: int = Field(5, ge=0)
     restart_window: Duration = 60.0
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
+    # What the server may ask of the caller's client during a call (gatewayd/relay.py): nothing by default.
+    relay: list[Literal["sampling", "elicitation", "roots"]] = Field(default_factory=list)
 
     @field_validator("command", mode="before")
     @classmethod

@@ -3,15 +3,16 @@
 Owns the `Upstream` interface (what a server offers, whether a method is gated, and the three ways to
 reach it: a tool call answered as an MCP CallToolResult, a direct method call answered with the
 server's own result, and a notification), `Delivery` (whose call it is, where the server's
-notifications about it go, and what must still hold when it is sent) and `ToolDef`, one thing a
-server offers. `server.ToolServer`
+notifications about it go, what must still hold when it is sent, and who its requests go to: a
+`Caller`) and `ToolDef`, one thing a server offers. `server.ToolServer`
 implements it over a supervised child, whatever its dialect (dialects.py); tests may implement it
 in memory. Does not own any implementation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,16 +20,34 @@ from typing import Any, Protocol
 EventSink = Callable[[dict[str, Any]], None]
 
 
+class Caller(Protocol):
+    """Who a server's own requests during one call are put to (relay.py): the caller who caused them."""
+
+    def ask(
+        self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any],
+        reply: Callable[[dict[str, Any]], bool],
+    ) -> dict[str, Any] | None:
+        """Put the child's request `message` to the caller: the reply to write now (a refusal), or None when
+        `reply` will carry it later. `allowed` is what the server may ask; `call` ends with the call."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """How one call is delivered: the client it is for (its share of the server's slots and queue is counted),
     where the server's notifications about it go, whether progress was asked for, and a check that raises when
-    the call may no longer run (its permission was revoked while it waited for a slot)."""
+    the call may no longer run (its permission was revoked while it waited for a slot), and who the server's own
+    requests during the call are put to (None: nobody, they are refused)."""
 
     client: str = ""
     on_event: EventSink | None = None
     progress: bool = False
     still_allowed: Callable[[], None] | None = None
+    caller: Caller | None = None
+    # The caller's own deadline for the call, in seconds from now (None: only the configured timeout applies).
+    timeout: float | None = None
+    # What the child's `_meta` carries besides the progress token: the call's trace context.
+    meta: dict[str, Any] | None = None
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).
@@ -78,6 +97,17 @@ class Upstream(Protocol):
     async def call_method(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         """Call `method` directly with exactly `params`; the answer is the server's own result, its own error
         raised as UpstreamError."""
+        ...
+
+    async def surface(self, kind: str) -> list[dict[str, Any]]:
+        """What the server lists besides tools, as its own MCP objects: `kind` is `resources`, `resourceTemplates` or
+        `prompts` (surfaces.py); empty for a protocol that has none (may start it, to ask)."""
+        ...
+
+    async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
+        """Send an MCP request about the server's resources, prompts or completions (`resources/read`,
+        `resources/subscribe`, `resources/unsubscribe`, `prompts/get`, `completion/complete`) with exactly `params`;
+        the answer is the server's own result, its own error raised as UpstreamError."""
         ...
 
     async def notify(self, method: str, params: Any, delivery: Delivery = ANYONE) -> bool:

@@ -29,7 +29,8 @@ class Connection:
     any output so idle detection follows what the child does, not wall time; `on_exit` is called
     once the child has exited, before the calls pending on it fail; `on_request` answers a request
     the child sends (the reply to write back, or None), by default `peer.default_reply`.
-    `call`, `notify`, `new_id` and `fail_calls` are the peer's (see peer.Peer).
+    `call`, `notify`, `new_id`, `fail_calls`, `reply` (a reply `on_request` left for later) and `pending_for`
+    (the call a request of the child belongs to) are the peer's (see peer.Peer).
     """
 
     def __init__(
@@ -68,6 +69,8 @@ class Connection:
         self.notify = peer.notify
         self.new_id = peer.new_id
         self.fail_calls = peer.fail_calls
+        self.reply = peer.reply
+        self.pending_for = peer.pending_for
 
     @property
     def pid(self) -> int:

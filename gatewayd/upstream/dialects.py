@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import ToolServerUnavailable, UpstreamError
-from gatewayd.upstream.api import EventSink, ToolDef
+from gatewayd.upstream.api import Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
 
@@ -25,8 +25,18 @@ logger = logging.getLogger(__name__)
 
 # The MCP version the gateway offers its tool servers; it accepts whatever they answer.
 UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
-# A `tools/list` that pages forever is cut off here.
+# A `tools/list` (or resources, templates, prompts list) that pages forever is cut off here.
 MAX_TOOL_PAGES = 100
+# The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
+SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/templates/list",
+                 "prompts": "prompts/list"}
+# What the gateway can relay from an MCP child to the caller of a call (relay.py), declared at `initialize`; whether
+# a request is relayed is the server's tools.d `relay`, and the caller's own declaration.
+RELAYED_CAPABILITIES: dict[str, Any] = {
+    "sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {"listChanged": True},
+}
+# The requests a child may send its client that the relay takes.
+RELAYED_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
 # A plain JSON-RPC result's text for the model.
 _RESULT_TEXT = jsontext.encoder(separators=(", ", ": "))
 
@@ -36,6 +46,9 @@ class Dialect(abc.ABC):
 
     # The protocol's name in tools.d and in `gatewayctl status`.
     protocol: ClassVar[str]
+    # Whether the protocol has resources, resource templates, prompts and completion (surfaces.py); without them a
+    # server lists none, and nothing is ever routed to it.
+    offers_surfaces: ClassVar[bool] = False
 
     def __init__(self, name: str, config: ServerConfig) -> None:
         self.name = name
@@ -59,24 +72,30 @@ class Dialect(abc.ABC):
         """Ask the child what it offers."""
 
     @abc.abstractmethod
-    async def call_tool(
-        self, conn: Connection, tool: str, arguments: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
+    async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         """An MCP `tools/call` of `tool`, answered as a CallToolResult."""
 
     @abc.abstractmethod
-    async def call_method(
-        self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
+    async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         """A direct call of `method`, answered with the child's own result."""
 
     @abc.abstractmethod
     def can_notify(self, method: str) -> bool:
         """Whether `method` may be sent as a notification (nothing comes back)."""
 
-    def on_request(self, message: dict[str, Any]) -> dict[str, Any] | None:
-        """The answer to a request the child sends unasked (its own id kept). Both dialects answer `ping` and
-        refuse the rest for now (nothing is relayed to the caller yet), so the child never waits."""
+    async def list_surface(self, conn: Connection, kind: str, tag: str) -> list[dict[str, Any]]:
+        """Ask the child for its `kind` (`resources`, `resourceTemplates`, `prompts`): none unless the protocol has
+        them."""
+        return []
+
+    async def call_surface(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
+        """An MCP request about the child's resources, prompts or completions, answered with its own result."""
+        raise UpstreamError({"code": -32601, "message": f"a {self.protocol} server has no {method}"})
+
+    def on_request(self, message: dict[str, Any], conn: Connection | None = None) -> dict[str, Any] | None:
+        """The answer to a request the child on `conn` sends unasked (its own id kept), or None when it is
+        answered later (`conn.reply`). Both dialects answer `ping`; MCP relays what a client can answer (below);
+        the rest is refused, so the child never waits."""
         return default_reply(message)
 
 
@@ -96,7 +115,7 @@ class McpDialect(Dialect):
                 "initialize",
                 {
                     "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
-                    "capabilities": {},
+                    "capabilities": RELAYED_CAPABILITIES,
                     "clientInfo": {"name": "gatewayd", "version": __version__},
                 },
                 timeout=timeout,
@@ -131,26 +150,71 @@ class McpDialect(Dialect):
                 break
         return tools
 
-    async def call_tool(
-        self, conn: Connection, tool: str, arguments: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
+    async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         call_id = conn.new_id()
         params: dict[str, Any] = {"name": tool, "arguments": arguments if arguments is not None else {}}
-        if progress:
-            # The gateway's own id is the token: unique per child, whatever the clients chose.
-            params["_meta"] = {"progressToken": call_id}
+        meta = _meta(how, call_id)
+        if meta:
+            params["_meta"] = meta
         return await conn.call(
-            "tools/call", params, timeout=timeout, on_event=on_event, request_id=call_id, cancel_on_timeout=True
+            "tools/call", params, timeout=timeout, on_event=how.on_event, request_id=call_id, cancel_on_timeout=True,
+            caller=how.caller,
         )
 
-    async def call_method(
-        self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
+    async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         # A direct `server.tool` call of an MCP server is its tool call.
-        return await self.call_tool(conn, method, params, timeout, on_event, progress)
+        return await self.call_tool(conn, method, params, timeout, how)
 
     def can_notify(self, method: str) -> bool:
         return False
+
+    def on_request(self, message: dict[str, Any], conn: Connection | None = None) -> dict[str, Any] | None:
+        """Sampling, elicitation and roots go to the caller of the call they belong to (relay.py), when one can be
+        told; refused otherwise."""
+        method = message.get("method")
+        if method not in RELAYED_METHODS or conn is None:
+            return default_reply(message)
+        pending = conn.pending_for(message)
+        caller = pending.caller if pending is not None else None
+        if pending is None or caller is None:
+            why = "belongs to no call of a client that can be asked" if pending is not None else \
+                "cannot be told apart from the other calls in flight, or none is"
+            logger.info("server=%s %s refused: it %s", self.name, method, why)
+            return {"jsonrpc": "2.0", "id": message.get("id"),
+                    "error": {"code": -32601, "message": f"{method}: not relayed, it {why}"}}
+        reply: dict[str, Any] | None = caller.ask(self.name, self.config.relay, message, pending.future, conn.reply)
+        return reply
+
+    offers_surfaces = True
+
+    async def list_surface(self, conn: Connection, kind: str, tag: str) -> list[dict[str, Any]]:
+        method = SURFACE_LISTS[kind]
+        items: list[dict[str, Any]] = []
+        cursor: Any = None
+        for _ in range(MAX_TOOL_PAGES):
+            params = {"cursor": cursor} if cursor is not None else {}
+            try:
+                page = await conn.call(method, params, timeout=self.config.startup_timeout)
+            except UpstreamError as exc:
+                # A server without the capability has nothing to list; that is not a failure.
+                logger.info("server=%s %s refused: %s", tag, method, exc.message)
+                break
+            if not isinstance(page, dict) or not isinstance(page.get(kind), list):
+                break
+            items.extend(item for item in page[kind] if isinstance(item, dict))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return items
+
+    async def call_surface(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
+        call_id = conn.new_id()
+        sent: dict[str, Any] = dict(params) if isinstance(params, dict) else {}
+        meta = _meta(how, call_id)
+        if meta:
+            sent["_meta"] = meta
+        return await conn.call(method, sent, timeout=timeout, on_event=how.on_event, request_id=call_id,
+                               cancel_on_timeout=True)
 
 
 class JsonRpcDialect(Dialect):
@@ -176,29 +240,26 @@ class JsonRpcDialect(Dialect):
     async def list_tools(self, conn: Connection, tag: str) -> list[ToolDef]:
         return self._declared
 
-    async def call_tool(
-        self, conn: Connection, tool: str, arguments: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
+    async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         try:
-            result = await self.call_method(conn, tool, arguments, timeout, on_event, progress)
+            result = await self.call_method(conn, tool, arguments, timeout, how)
         except UpstreamError as exc:
             # The tool's own failure is a result the model can read, not a protocol error.
             return {"content": [{"type": "text", "text": exc.message}], "isError": True,
                     "structuredContent": {"error": exc.error}}
         return _as_tool_result(result)
 
-    async def call_method(
-        self, conn: Connection, method: str, params: Any, timeout: float, on_event: EventSink | None, progress: bool
-    ) -> Any:
+    async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         if self.config.methods[method].notification:
             await conn.notify(method, params)
             return None
         call_id = conn.new_id()
-        if progress and isinstance(params, dict) and "_meta" not in params:
-            # Progress is routed by token: the gateway's own id, as for MCP. Arguments that have a `_meta` of their
-            # own were decided with it and go as they are (then without progress).
-            params = {**params, "_meta": {"progressToken": call_id}}
-        return await conn.call(method, params, timeout=timeout, on_event=on_event, request_id=call_id)
+        if how.progress and isinstance(params, dict) and "_meta" not in params:
+            # `_meta` is MCP's: a plain JSON-RPC server gets one (progress token and trace context) only when progress
+            # was asked for, as before. Arguments that have a `_meta` of their own were decided with it and go as they
+            # are (then without progress).
+            params = {**params, "_meta": _meta(how, call_id)}
+        return await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id)
 
     def can_notify(self, method: str) -> bool:
         return True
@@ -210,6 +271,15 @@ DIALECTS: dict[str, type[Dialect]] = {dialect.protocol: dialect for dialect in (
 def dialect_for(name: str, config: ServerConfig) -> Dialect:
     """The dialect a server's tools.d file asks for: the one place `protocol` is read."""
     return DIALECTS[config.protocol](name, config)
+
+
+def _meta(how: Delivery, call_id: int) -> dict[str, Any]:
+    """The `_meta` the child is sent: the call's trace context and, if progress was asked for, a progress token
+    that is the gateway's own id (unique per child, whatever the clients chose)."""
+    meta = dict(how.meta) if how.meta else {}
+    if how.progress:
+        meta["progressToken"] = call_id
+    return meta
 
 
 def _valid_tool(item: Any) -> bool:

@@ -48,7 +48,9 @@ CHILD_REQUEST_BURST = 100
 NOTIFY_DRAIN_TIMEOUT = 10.0
 
 EventSink = Callable[[dict[str, Any]], None]
-# Answers a request the child sent: the reply message to write back, or None to send nothing now.
+# The `_meta` key by which a child's request may name the gateway's request it belongs to.
+RELATED_REQUEST = "io.modelcontextprotocol/related-request-id"
+# Answers a request the child sent: the reply message to write back, or None to send it later (`Peer.reply`).
 RequestHandler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
@@ -60,6 +62,8 @@ class PendingCall:
     future: asyncio.Future[Any]
     on_event: EventSink | None
     started: float = field(default_factory=time.monotonic)
+    # Who the child's own requests during this call are put to (relay.py); None: nobody.
+    caller: Any = None
 
 
 @dataclass
@@ -226,12 +230,13 @@ class Peer:
         on_event: EventSink | None = None,
         request_id: int | None = None,
         cancel_on_timeout: bool = False,
+        caller: Any = None,
     ) -> Any:
         """Send a request and wait for its result.
 
         Raises UpstreamError (the child's own error), CallTimedOut, or ToolServerUnavailable.
         On timeout or cancellation the call is forgotten and, if `cancel_on_timeout`, the child
-        gets `notifications/cancelled`.
+        gets `notifications/cancelled`. `caller` is kept with the call for `pending_for`.
         """
         call_id = request_id if request_id is not None else self.new_id()
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": call_id, "method": method}
@@ -244,7 +249,7 @@ class Peer:
             self._check_backlog(backlog, method)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._write(message)
-        self._pending[call_id] = PendingCall(method, future, on_event)
+        self._pending[call_id] = PendingCall(method, future, on_event, caller=caller)
         # The deadline fails the future itself, rather than a timeout scope around the await (measurably cheaper).
         deadline = self._deadlines.call_later(timeout, _expire, future)
         try:
@@ -407,6 +412,36 @@ class Peer:
         # The child may be gone by now; its exit fails what is pending, and its request needs no answer.
         with contextlib.suppress(ToolServerUnavailable):
             self._write(reply)
+
+    def reply(self, message: dict[str, Any]) -> bool:
+        """Send the reply to a request of the child that `on_request` left for later (it returned None): whether it
+        was written. Not written when the child is gone (nothing waits for it) or over the stdin backlog limit
+        (dropped, as any reply then)."""
+        if not self._process.alive:
+            return False
+        if self._check_backlog(self._process.backlog()):
+            self.dropped.replies += 1
+            return False
+        try:
+            self._write(message)
+        except ToolServerUnavailable:
+            return False
+        return True
+
+    def pending_for(self, message: dict[str, Any]) -> PendingCall | None:
+        """The call of the gateway a request of the child belongs to: the one its `_meta` names (by
+        `io.modelcontextprotocol/related-request-id` or `progressToken`, the gateway's own id of the call), else
+        the only call in flight; None when it cannot be told."""
+        params = message.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if isinstance(meta, dict):
+            for key in (RELATED_REQUEST, "progressToken"):
+                named = meta.get(key)
+                if isinstance(named, int) and not isinstance(named, bool) and named in self._pending:
+                    return self._pending[named]
+        if len(self._pending) == 1:
+            return next(iter(self._pending.values()))
+        return None
 
     def _request_dropped(self) -> None:
         self.dropped.requests += 1

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gatewayd.config.loader import Snapshot
 from gatewayd.upstream.server import ToolServer
@@ -40,8 +41,10 @@ class PoolDiff:
 class Pool:
     """The life of every tool server: a generation's table built, replaced servers retired, all stopped."""
 
-    def __init__(self, on_tools_changed: Callable[[str], None] | None = None) -> None:
+    def __init__(self, on_tools_changed: Callable[[str], None] | None = None,
+                 on_surface_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
+        self._on_surface_event = on_surface_event
         # Retired servers and the task draining each; owned here so shutdown can stop them too.
         self._retiring: dict[ToolServer, asyncio.Task[None]] = {}
         self._starting: set[asyncio.Task[None]] = set()
@@ -60,7 +63,8 @@ class Pool:
                 servers[name] = old
                 diff.unchanged.append(name)
                 continue
-            servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation)
+            servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
+                                      self._on_surface_event)
             (diff.changed if old is not None else diff.added).append(name)
         diff.removed.extend(name for name in previous if name not in servers)
         return servers, diff

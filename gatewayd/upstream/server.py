@@ -38,6 +38,13 @@ logger = logging.getLogger(__name__)
 # First restart delay after a crash; doubles per crash in the window, capped below.
 BACKOFF_BASE = 0.5
 BACKOFF_MAX = 30.0
+# A child's notifications about its resources and prompts (passed on by surfaces.tell), and which cached lists
+# each makes stale.
+STALE_AFTER: dict[str, tuple[str, ...]] = {
+    "notifications/resources/list_changed": ("resources", "resourceTemplates"),
+    "notifications/prompts/list_changed": ("prompts",),
+    "notifications/resources/updated": (),
+}
 # Shortest idle re-check, so a timer that fires a hair early does not spin.
 IDLE_MIN_WAIT = 0.01
 
@@ -63,6 +70,7 @@ class ToolServer:
         config_dir: Path,
         on_tools_changed: Callable[[str], None] | None = None,
         generation: int = 1,
+        on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
@@ -72,6 +80,10 @@ class ToolServer:
         self.dialect = dialect_for(name, config)
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed
+        # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
+        self._on_surface_event = on_surface_event
+        # Resources, templates, prompts by kind, with the connection they were listed on (a new child lists anew).
+        self._surfaces: dict[str, tuple[Connection, list[dict[str, Any]]]] = {}
         self.state = State.STOPPED
         self._conn: Connection | None = None
         self._start_lock = asyncio.Lock()
@@ -141,7 +153,8 @@ class ToolServer:
             env=self.config.env,
             cwd=str(self.config_dir / self.config.cwd) if self.config.cwd else None,
             on_notification=self._on_notification,
-            on_request=self.dialect.on_request,
+            # Bound to this very connection: a request is relayed by the calls pending on the child that sent it.
+            on_request=lambda message: self.dialect.on_request(message, conn),
             on_activity=self._touch,
             on_exit=self._after_exit,
             tag=self.tag,
@@ -285,6 +298,11 @@ class ToolServer:
             self._set_tools(None)
             if self._on_tools_changed is not None:
                 self._on_tools_changed(self.name)
+        elif method in STALE_AFTER:
+            for kind in STALE_AFTER[method]:
+                self._surfaces.pop(kind, None)
+            if self._on_surface_event is not None:
+                self._on_surface_event(self.name, message)
         elif method == "notifications/message":
             logger.info("server=%s log: %.500s", self.tag, message.get("params"))
         else:
@@ -334,7 +352,7 @@ class ToolServer:
         """An MCP `tools/call` of `tool`, answered as a CallToolResult."""
         conn, timeout = await self._running_in_slot(tool, delivery)
         try:
-            return await self.dialect.call_tool(conn, tool, arguments, timeout, delivery.on_event, delivery.progress)
+            return await self.dialect.call_tool(conn, tool, arguments, timeout, delivery)
         finally:
             self._release(delivery.client)
 
@@ -342,8 +360,7 @@ class ToolServer:
         """A direct call of `method`, answered with the child's own result."""
         conn, timeout = await self._running_in_slot(method, delivery)
         try:
-            return await self.dialect.call_method(conn, method, params, timeout, delivery.on_event,
-                                                  delivery.progress)
+            return await self.dialect.call_method(conn, method, params, timeout, delivery)
         finally:
             self._release(delivery.client)
 
@@ -362,6 +379,8 @@ class ToolServer:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
         its deadline."""
         timeout = self.config.timeout_for(method)
+        if delivery.timeout is not None and delivery.timeout < timeout:
+            timeout = delivery.timeout
         await self._admit(timeout, delivery.client)
         try:
             if delivery.still_allowed is not None:
@@ -391,6 +410,27 @@ class ToolServer:
             if self._tools is None:
                 self._set_tools(await self.dialect.list_tools(conn, self.tag))
         return self._tools or []
+
+    async def surface(self, kind: str) -> list[dict[str, Any]]:
+        """The child's resources, templates or prompts (cached until it says they changed, or a new child runs);
+        none for a protocol without them."""
+        if not self.dialect.offers_surfaces:
+            return []
+        cached = self._surfaces.get(kind)
+        if cached is not None and cached[0] is self._conn and cached[0].alive:
+            return cached[1]
+        conn = await self.ensure_running()
+        listed = await self.dialect.list_surface(conn, kind, self.tag)
+        self._surfaces[kind] = (conn, listed)
+        return listed
+
+    async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
+        """An MCP request about the child's resources, prompts or completions, answered with its own result."""
+        conn, timeout = await self._running_in_slot(method, delivery)
+        try:
+            return await self.dialect.call_surface(conn, method, params, timeout, delivery)
+        finally:
+            self._release(delivery.client)
 
     def status(self) -> dict[str, Any]:
         """A snapshot for logs, the admin API and metrics."""

@@ -37,7 +37,9 @@ ACCEPT_CACHE = 64
 # Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in a worker thread.
 PARSE_INLINE_BYTES = 64 * 1024
 # MCP's own methods need a session; `server.method` direct calls do not.
-SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel"})
+SESSION_METHODS = frozenset({"ping", "tools/list", "tools/call", "logging/setLevel", "resources/list",
+                             "resources/templates/list", "resources/read", "resources/subscribe",
+                             "resources/unsubscribe", "prompts/list", "prompts/get", "completion/complete"})
 
 
 def _state(request: web.Request) -> DaemonState:

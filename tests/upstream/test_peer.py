@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -64,3 +65,21 @@ async def test_without_on_request_ping_is_answered_and_the_rest_refused() -> Non
         {"jsonrpc": "2.0", "id": "p", "result": {}},
         {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "Method not found"}},
     ]
+
+
+async def test_a_reply_left_for_later_reaches_the_child_when_sent() -> None:
+    later: list[dict[str, Any]] = []
+    asked = asyncio.Event()
+
+    def answer(message: dict[str, Any]) -> dict[str, Any] | None:
+        later.append(message)
+        asked.set()
+        return None  # "I will reply later"
+
+    async with asking('"l"=later', on_request=answer) as conn:
+        report = asyncio.ensure_future(conn.call("report", None, timeout=REPORT_TIMEOUT))
+        await asyncio.wait_for(asked.wait(), REPORT_TIMEOUT)
+        assert conn.reply({"jsonrpc": "2.0", "id": later[0]["id"], "result": {"late": True}})
+        replies = await report
+    assert replies == [{"jsonrpc": "2.0", "id": "l", "result": {"late": True}}]
+    assert not conn.reply({"jsonrpc": "2.0", "id": "l", "result": {}}), "the child is gone: nothing is written"

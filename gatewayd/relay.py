@@ -1,0 +1,224 @@
+"""Relay: the requests a tool server sends the client during a call, put to the caller who caused them.
+
+An MCP child may ask its client for `sampling/createMessage`, `elicitation/create` or `roots/list`
+while a `tools/call` of the gateway is pending on it. The dialect (upstream/dialects.py) finds the
+call the request belongs to (peer.py `pending_for`: the id its `_meta` names, else the only call in
+flight) and hands it, with that call's `Caller` (built here, carried by the call's `Delivery`), to
+`Relay.ask`. Owns what happens then:
+
+  - refusing at once, with an error reply to the child, what may not or cannot be asked: a kind the
+    server's tools.d `relay = [...]` does not list (deny by default), one the caller's session did
+    not declare at `initialize` (`sampling`, `elicitation` with the mode asked, `roots`), or one asked
+    when MAX_RELAYED requests are outstanding already;
+  - otherwise sending it on the call's SSE stream under a gateway-owned id (RELAY_ID_PREFIX + a
+    counter: never an approval's `gatewayd-approval-…`), the child's params as sent but for `_meta`;
+  - the table of relayed requests by (client, session, gateway id), so that `answer` (reached from
+    `Gateway.answer`, the one place a client's responses are routed) sends the client's result or
+    error back to the child under the child's own id;
+  - every other ending answering the child with an error, never a hang: RELAY_TIMEOUT passing, the
+    call finishing (answered, timed out, cancelled by the caller, failed, its server retired by a
+    reload or exited), the caller disconnecting, its session ending. The client is then told
+    `notifications/cancelled` for the id it was asked under;
+  - one audit record per relayed request (records.py `relayed`): server, kind, client, outcome, the
+    params summarized.
+
+Does not own attribution to a call or writing to the child (peer.py), the capabilities a session
+declared (sessions.py) or the gateway's own approval question (confirmation.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatewayd.calls import CallContext, request_key
+from gatewayd.jsonrpc import Response
+from gatewayd.records import Records
+
+logger = logging.getLogger(__name__)
+
+# A relayed request nobody answers ends this many seconds after it was sent (the call's own timeout may end it first).
+RELAY_TIMEOUT = 300.0
+# Relayed requests outstanding at once, for all calls: more are refused.
+MAX_RELAYED = 1024
+# Gateway-owned ids of relayed requests start so; the approval question's are `gatewayd-approval-…`.
+RELAY_ID_PREFIX = "gatewayd-relay-"
+
+# What the server's tools.d `relay` names, by the request's method.
+SAMPLING, ELICITATION, ROOTS = "sampling", "elicitation", "roots"
+KINDS = {"sampling/createMessage": SAMPLING, "elicitation/create": ELICITATION, "roots/list": ROOTS}
+
+# Error codes the child is answered with: refused (not asked at all), timed out, ended otherwise.
+REFUSED = -32601
+TIMED_OUT = -32001
+ENDED = -32000
+
+Reply = Callable[[dict[str, Any]], bool]
+
+
+def error_reply(message: dict[str, Any], code: int, reason: str) -> dict[str, Any]:
+    """An error reply to the child's request `message`, under its own id."""
+    return {"jsonrpc": "2.0", "id": message.get("id"), "error": {"code": code, "message": reason}}
+
+
+def declared(ctx: CallContext, kind: str, params: Any) -> bool:
+    """Whether the caller's session declared it can answer `kind` (elicitation: in the mode asked)."""
+    session = ctx.session
+    if session is None:
+        return False
+    if kind == ELICITATION:
+        mode = params.get("mode", "form") if isinstance(params, dict) else "form"
+        return session.supports_elicitation(mode)
+    return isinstance(session.capabilities.get(kind), dict)
+
+
+@dataclass(eq=False)
+class _Relayed:
+    """One request of a child, put to a caller and not answered yet."""
+
+    key: tuple[str, str, str]
+    gateway_id: str
+    message: dict[str, Any]
+    kind: str
+    server: str
+    ctx: CallContext
+    reply: Reply
+    started: float = field(default_factory=time.monotonic)
+    undo: list[Callable[[], object]] = field(default_factory=list)
+
+
+class Relay:
+    """The relayed requests of every call, and how each ends. `caller(ctx)` is what a call's Delivery carries."""
+
+    def __init__(self, records: Records, timeout: float = RELAY_TIMEOUT) -> None:
+        self.records = records
+        self.timeout = timeout
+        self._relayed: dict[tuple[str, str, str], _Relayed] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._relayed)
+
+    def caller(self, ctx: CallContext) -> RelayCaller | None:
+        """Who a call's server may ask: its caller, if it has a stream and a session to be asked on."""
+        if ctx.emit is None or ctx.session is None:
+            return None
+        return RelayCaller(self, ctx)
+
+    def ask(self, ctx: CallContext, server: str, allowed: Collection[str], message: dict[str, Any],
+            call: asyncio.Future[Any], reply: Reply) -> dict[str, Any] | None:
+        """Put the child's request to the caller (None: `reply` answers it later), or the refusal to write now."""
+        method = str(message.get("method"))
+        kind = KINDS.get(method)
+        params = message.get("params")
+        refusal = None
+        if kind is None:
+            refusal = "not_relayable", f"{method} is not relayed to clients"
+        elif kind not in allowed:
+            refusal = "not_allowed", f"{method}: tool server {server!r} may not ask clients for {kind}"
+        elif not declared(ctx, kind, params):
+            refusal = "not_declared", f"{method}: the caller's client did not declare {kind}"
+        elif call.done() or (ctx.session is not None and ctx.session.ended):
+            refusal = "call_finished", f"{method}: the call it belongs to has ended"
+        elif len(self._relayed) >= MAX_RELAYED:
+            refusal = "overloaded", f"{method}: too many requests wait for clients; retry later"
+        if refusal is not None:
+            outcome, reason = refusal
+            self._record(ctx, server, kind or method, outcome, params, None, 0.0)
+            return error_reply(message, REFUSED, reason)
+        assert kind is not None and ctx.emit is not None and ctx.session is not None
+        gateway_id = f"{RELAY_ID_PREFIX}{next(self._ids)}"
+        key = request_key(ctx, gateway_id)
+        relayed = _Relayed(key, gateway_id, message, kind, server, ctx, reply)
+        self._relayed[key] = relayed
+        self._watch(relayed, call)
+        if key not in self._relayed:
+            return None  # ended while being watched (the caller had gone already): the child has its error
+        outbound: dict[str, Any] = {"jsonrpc": "2.0", "id": gateway_id, "method": method}
+        if isinstance(params, dict):
+            outbound["params"] = {name: value for name, value in params.items() if name != "_meta"}
+        ctx.emit(outbound)
+        return None
+
+    def answer(self, ctx: CallContext, response: Response) -> bool:
+        """A client's response: if it answers a relayed request (same client and session), send it to the child
+        under the child's own id and return True; False for any other id."""
+        relayed = self._relayed.pop(request_key(ctx, response.id), None)
+        if relayed is None:
+            return False
+        child_id = relayed.message.get("id")
+        if response.error is not None:
+            outcome = "client_error"
+            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": child_id, "error": response.error}
+        else:
+            outcome = "answered"
+            reply = {"jsonrpc": "2.0", "id": child_id, "result": response.result}
+        self._finish(relayed, outcome, reply, tell_client=False)
+        return True
+
+    def end(self, key: tuple[str, str, str], outcome: str, reason: str, code: int = ENDED) -> None:
+        """End a relayed request without the client's answer: the child gets an error, the client a cancel."""
+        relayed = self._relayed.pop(key, None)
+        if relayed is not None:
+            method = relayed.message.get("method")
+            self._finish(relayed, outcome, error_reply(relayed.message, code, f"{method}: {reason}"), tell_client=True)
+
+    def _watch(self, relayed: _Relayed, call: asyncio.Future[Any]) -> None:
+        """Every way the request can end without an answer ends it."""
+        key, ctx = relayed.key, relayed.ctx
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(
+            self.timeout, self.end, key, "timeout", f"the client did not answer within {self.timeout:g}s", TIMED_OUT)
+        relayed.undo.append(timer.cancel)
+
+        def call_done(_future: asyncio.Future[Any]) -> None:
+            self.end(key, "call_finished", "the call it belongs to has ended")
+
+        call.add_done_callback(call_done)
+        relayed.undo.append(lambda: call.remove_done_callback(call_done))
+        # Taken back in a later turn: a session's end or a disconnect may be running these very callbacks (Once).
+        if ctx.on_disconnect is not None:
+            gone = ctx.on_disconnect(lambda: self.end(key, "disconnected", "the caller disconnected"))
+            relayed.undo.append(lambda: loop.call_soon(gone))
+        if ctx.session is not None:
+            ended = ctx.session.on_end(lambda: self.end(key, "session_ended", "the caller's session ended"))
+            relayed.undo.append(lambda: loop.call_soon(ended))
+
+    def _finish(self, relayed: _Relayed, outcome: str, reply: dict[str, Any], *, tell_client: bool) -> None:
+        for step in relayed.undo:
+            step()
+        relayed.undo.clear()
+        sent = relayed.reply(reply)
+        emit = relayed.ctx.emit
+        if tell_client and emit is not None and outcome not in ("disconnected", "session_ended"):
+            # Settled without the client's answer: let it close its question.
+            emit({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": relayed.gateway_id, "reason": outcome}})
+        logger.info("client=%s server=%s %s %s: %s%s", relayed.ctx.principal.name, relayed.server,
+                    relayed.message.get("method"), relayed.gateway_id, outcome, "" if sent else " (child not told)")
+        self._record(relayed.ctx, relayed.server, relayed.kind, outcome, relayed.message.get("params"),
+                     relayed.gateway_id, time.monotonic() - relayed.started)
+
+    def _record(self, ctx: CallContext, server: str, kind: str, outcome: str, params: Any, gateway_id: str | None,
+                seconds: float) -> None:
+        session = ctx.session
+        self.records.relayed(server=server, kind=kind, client=ctx.principal.name,
+                             session=session.id if session else None, request_id=gateway_id, outcome=outcome,
+                             params=params, seconds=seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayCaller:
+    """A call's caller, as its Delivery carries it (api.Caller): the relay and the call's context."""
+
+    relay: Relay
+    ctx: CallContext
+
+    def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any],
+            reply: Reply) -> dict[str, Any] | None:
+        return self.relay.ask(self.ctx, server, allowed, message, call, reply)

@@ -1,0 +1,196 @@
+"""relay.py: a tool server's requests during a call put to its caller, and every way one ends answering the child.
+
+In memory: a CallContext with a real Session, an emit that records what the client is sent, and a future standing
+for the call pending on the child. The child's side is the list of replies `reply` was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatewayd.audit import AuditLog
+from gatewayd.calls import CallContext
+from gatewayd.jsonrpc import Response
+from gatewayd.metrics import Metrics
+from gatewayd.policy import Principal
+from gatewayd.records import Records
+from gatewayd.relay import ENDED, REFUSED, RELAY_ID_PREFIX, TIMED_OUT, Relay
+from gatewayd.sessions import Session
+
+pytestmark = pytest.mark.asyncio
+
+ALL = ("sampling", "elicitation", "roots")
+DECLARED = {"sampling": {}, "elicitation": {"form": {}}, "roots": {"listChanged": True}}
+
+
+@dataclass
+class Rig:
+    relay: Relay
+    trail: Path
+    audit: AuditLog
+    sent: list[dict[str, Any]] = field(default_factory=list)  # to the client
+    replies: list[dict[str, Any]] = field(default_factory=list)  # to the child
+    gone: list[Callable[[], None]] = field(default_factory=list)
+    session: Session = field(default_factory=lambda: Session("s" * 43, "laptop", "2025-11-25", dict(DECLARED), {}))
+
+    def ctx(self) -> CallContext:
+        def on_disconnect(callback: Callable[[], None]) -> Callable[[], None]:
+            self.gone.append(callback)
+            return lambda: self.gone.remove(callback) if callback in self.gone else None
+        return CallContext(Principal("laptop"), {}, session=self.session, emit=self.sent.append,
+                           on_disconnect=on_disconnect)
+
+    def reply(self, message: dict[str, Any]) -> bool:
+        self.replies.append(message)
+        return True
+
+    def ask(self, method: str, call: asyncio.Future[Any], allowed: tuple[str, ...] = ALL,
+            params: Any = None) -> dict[str, Any] | None:
+        message = {"jsonrpc": "2.0", "id": "child-1", "method": method,
+                   "params": params if params is not None else {"x": 1, "_meta": {"progressToken": 3}}}
+        return self.relay.ask(self.ctx(), "srv", allowed, message, call, self.reply)
+
+    async def records(self) -> list[dict[str, Any]]:
+        await self.audit.flush()
+        return [json.loads(line) for line in self.trail.read_text().splitlines()]
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    trail = tmp_path / "audit.jsonl"
+    audit_log = AuditLog(trail)
+    await audit_log.start()
+    try:
+        yield Rig(Relay(Records(audit_log, Metrics()), timeout=0.2), trail, audit_log)
+    finally:
+        await audit_log.close()
+
+
+def future() -> asyncio.Future[Any]:
+    return asyncio.get_running_loop().create_future()
+
+
+async def settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_the_answer_reaches_the_child_under_its_own_id(rig: Rig) -> None:
+    assert rig.ask("sampling/createMessage", future()) is None
+    [asked] = rig.sent
+    assert asked["method"] == "sampling/createMessage" and asked["id"].startswith(RELAY_ID_PREFIX)
+    assert asked["params"] == {"x": 1}, "the child's _meta stays with the child"
+    assert rig.relay.answer(rig.ctx(), Response(asked["id"], {"role": "assistant"}, None))
+    assert rig.replies == [{"jsonrpc": "2.0", "id": "child-1", "result": {"role": "assistant"}}]
+    assert len(rig.relay) == 0
+    assert not rig.relay.answer(rig.ctx(), Response(asked["id"], {}, None)), "answered once only"
+    [record] = await rig.records()
+    assert record["event"] == "relayed" and record["server"] == "srv" and record["kind"] == "sampling"
+    assert record["client"] == "laptop" and record["outcome"] == "answered"
+    assert record["params"] == {"x": 1, "_meta": {"progressToken": "[redacted]"}}, "summarized (audit.summarize)"
+
+
+async def test_a_client_error_reaches_the_child(rig: Rig) -> None:
+    rig.ask("roots/list", future())
+    error = {"code": -32603, "message": "no"}
+    assert rig.relay.answer(rig.ctx(), Response(rig.sent[0]["id"], None, error))
+    assert rig.replies == [{"jsonrpc": "2.0", "id": "child-1", "error": error}]
+
+
+async def test_another_session_cannot_answer(rig: Rig) -> None:
+    rig.ask("roots/list", future())
+    other = CallContext(Principal("laptop"), {}, session=Session("t" * 43, "laptop", "2025-11-25", {}, {}))
+    assert not rig.relay.answer(other, Response(rig.sent[0]["id"], {}, None))
+    assert rig.replies == [] and len(rig.relay) == 1
+
+
+@pytest.mark.parametrize(("method", "allowed", "params", "outcome"), [
+    ("sampling/createMessage", ("roots",), None, "not_allowed"),
+    ("sampling/createMessage", (), None, "not_allowed"),
+    ("elicitation/create", ALL, {"mode": "url", "url": "https://x", "message": "m", "elicitationId": "e"},
+     "not_declared"),
+    ("resources/list", ALL, None, "not_relayable"),
+])
+async def test_refusals_answer_the_child_at_once(rig: Rig, method: str, allowed: tuple[str, ...], params: Any,
+                                                 outcome: str) -> None:
+    refusal = rig.ask(method, future(), allowed, params)
+    assert refusal is not None and refusal["id"] == "child-1" and refusal["error"]["code"] == REFUSED
+    assert rig.sent == [] and len(rig.relay) == 0
+    [record] = await rig.records()
+    assert record["outcome"] == outcome and record["request_id"] is None
+
+
+async def test_a_capability_the_session_did_not_declare_is_refused(rig: Rig) -> None:
+    rig.session.capabilities.pop("sampling")
+    refusal = rig.ask("sampling/createMessage", future())
+    assert refusal is not None and refusal["error"]["code"] == REFUSED
+
+
+async def test_a_finished_call_is_refused(rig: Rig) -> None:
+    call = future()
+    call.set_result({})
+    refusal = rig.ask("roots/list", call)
+    assert refusal is not None and refusal["error"]["code"] == REFUSED
+
+
+async def test_timeout_answers_the_child_and_withdraws_the_question(rig: Rig) -> None:
+    rig.ask("elicitation/create", future(), params={"message": "m", "requestedSchema": {"type": "object"}})
+    await asyncio.sleep(0.4)
+    [reply] = rig.replies
+    assert reply["id"] == "child-1" and reply["error"]["code"] == TIMED_OUT
+    asked, cancelled = rig.sent
+    assert cancelled == {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": asked["id"], "reason": "timeout"}}
+    assert len(rig.relay) == 0
+
+
+@pytest.mark.parametrize("ending", ["call_answered", "call_cancelled", "call_failed", "disconnected",
+                                    "session_ended"])
+async def test_every_ending_answers_the_child_with_an_error(rig: Rig, ending: str) -> None:
+    call = future()
+    rig.ask("sampling/createMessage", call)
+    if ending == "call_answered":
+        call.set_result({"content": []})
+    elif ending == "call_cancelled":
+        call.cancel()
+    elif ending == "call_failed":
+        call.set_exception(RuntimeError("the child exited"))
+    elif ending == "disconnected":
+        for callback in list(rig.gone):
+            callback()
+    else:
+        rig.session.end()
+    await settle()
+    [reply] = rig.replies
+    assert reply["id"] == "child-1" and reply["error"]["code"] == ENDED
+    assert len(rig.relay) == 0 and rig.gone == []
+    outcome = {"disconnected": "disconnected", "session_ended": "session_ended"}.get(ending, "call_finished")
+    [record] = await rig.records()
+    assert record["outcome"] == outcome
+    if ending.startswith("call"):
+        assert rig.sent[-1]["method"] == "notifications/cancelled"
+    # Nothing fires twice: the timer was cancelled with the rest.
+    await asyncio.sleep(0.3)
+    assert len(rig.replies) == 1
+
+
+async def test_two_requests_of_one_session_both_end_with_it(rig: Rig) -> None:
+    rig.ask("sampling/createMessage", future())
+    rig.ask("roots/list", future())
+    first, second = rig.sent
+    assert first["id"] != second["id"]
+    rig.session.end()
+    await settle()
+    assert len(rig.replies) == 2 and len(rig.relay) == 0
+
+
+async def test_relay_ids_never_look_like_approval_ids(rig: Rig) -> None:
+    rig.ask("roots/list", future())
+    assert not rig.sent[0]["id"].startswith("gatewayd-approval-")

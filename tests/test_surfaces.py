@@ -1,0 +1,270 @@
+"""Resources, templates, prompts and completion through the real gateway pipeline, behind scripted upstreams.
+
+Two MCP-like servers `a` and `b` (both list `shared://x`), and a client that may use only some of what they
+offer: what it may not use must not exist for it, on every route, with the answer an unknown thing gets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatewayd import surfaces
+from gatewayd.approvals import Approvals
+from gatewayd.audit import AuditLog
+from gatewayd.calls import CallContext
+from gatewayd.catalog import Catalog
+from gatewayd.config.loader import load_snapshot
+from gatewayd.confirmation import ConfirmationGate
+from gatewayd.explain import explain
+from gatewayd.gateway import Gateway
+from gatewayd.inflight import Inflight
+from gatewayd.jsonrpc import Request
+from gatewayd.metrics import Metrics
+from gatewayd.policy import Grant, Principal
+from gatewayd.records import Records
+from gatewayd.sessions import Session, Sessions
+from gatewayd.upstream.api import Upstream
+from gatewayd.upstream.server import ToolServer
+from tests.daemon import python_command, write_config
+from tests.test_gateway import Scripted
+
+
+def _server(name: str) -> Scripted:
+    server = Scripted(name, ["tool"])
+    server.surfaces = {
+        "resources": [{"uri": f"{name}://doc", "name": "doc"}, {"uri": "shared://x", "name": f"x of {name}"}],
+        "resourceTemplates": [{"uriTemplate": f"{name}://item/{{id}}/data", "name": "item"}],
+        "prompts": [{"name": "greet", "description": "say hello"}],
+    }
+    return server
+
+
+@dataclass
+class Rig:
+    gateway: Gateway
+    servers: dict[str, Scripted]
+    audit: AuditLog
+    trail: Path
+
+    def ctx(self, principal: Principal, session: Session | None = None) -> CallContext:
+        servers: dict[str, Upstream] = dict(self.servers)
+        return CallContext(principal, servers, session=session)
+
+    async def request(self, principal: Principal, method: str, params: Any = None,
+                      session: Session | None = None) -> dict[str, Any]:
+        return await self.gateway.dispatch(self.ctx(principal, session), Request(1, method, params))
+
+    async def records(self) -> list[dict[str, Any]]:
+        await self.audit.flush()
+        return [json.loads(line) for line in self.trail.read_text().splitlines()]
+
+
+EVERYTHING = Principal("all", (Grant("all", "p.toml", allow=("a.*", "b.*")),))
+# May read b's resources and get a's prompts, and complete a's: nothing else.
+SOME = Principal("some", (Grant("some", "p.toml", allow=("b.resources/read", "a.prompts/get",
+                                                          "a.completion/complete")),))
+NOTHING = Principal("none", (Grant("none", "p.toml", allow=("a.tool",)),))
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    trail = tmp_path / "audit.jsonl"
+    audit_log = AuditLog(trail)
+    await audit_log.start()
+    records = Records(audit_log, Metrics())
+    gateway = Gateway(Catalog("__"), records, ConfirmationGate(Approvals(), records), Inflight())
+    try:
+        yield Rig(gateway, {"a": _server("a"), "b": _server("b")}, audit_log, trail)
+    finally:
+        await audit_log.close()
+
+
+async def test_initialize_declares_resources_prompts_and_completions(rig: Rig) -> None:
+    capabilities = rig.gateway.initialize_result("2025-11-25")["capabilities"]
+    assert capabilities["resources"] == {"subscribe": True, "listChanged": True}
+    assert capabilities["prompts"] == {"listChanged": True}
+    assert capabilities["completions"] == {}
+
+
+async def test_lists_aggregate_in_server_order_and_a_shared_uri_is_the_first_servers(rig: Rig) -> None:
+    listed = (await rig.request(EVERYTHING, "resources/list"))["result"]["resources"]
+    assert [(r["uri"], r["name"]) for r in listed] == [
+        ("a://doc", "doc"), ("shared://x", "x of a"), ("b://doc", "doc")]
+    templates = (await rig.request(EVERYTHING, "resources/templates/list"))["result"]["resourceTemplates"]
+    assert [t["uriTemplate"] for t in templates] == ["a://item/{id}/data", "b://item/{id}/data"]
+    prompts = (await rig.request(EVERYTHING, "prompts/list"))["result"]["prompts"]
+    assert prompts == [{"name": "a__greet", "description": "say hello"},
+                       {"name": "b__greet", "description": "say hello"}]
+
+
+async def test_a_read_goes_to_the_owner_and_is_recorded_under_its_canonical_name(rig: Rig) -> None:
+    answer = await rig.request(EVERYTHING, "resources/read", {"uri": "shared://x", "_meta": {"k": 1}})
+    assert answer["result"] == {"ok": "resources/read"}
+    assert rig.servers["a"].received == [("surface", "resources/read", {"uri": "shared://x"})]
+    assert rig.servers["b"].received == []
+    decision, outcome = await rig.records()
+    assert (decision["decision"], decision["method"], decision["route"]) == ("allow", "a.resources/read",
+                                                                             "resources/read")
+    assert outcome["status"] == "ok"
+
+
+async def test_a_template_instance_goes_to_the_server_whose_template_matches(rig: Rig) -> None:
+    await rig.request(EVERYTHING, "resources/read", {"uri": "b://item/123/data"})
+    assert rig.servers["b"].received == [("surface", "resources/read", {"uri": "b://item/123/data"})]
+    unknown = await rig.request(EVERYTHING, "resources/read", {"uri": "b://item/1/2/data"})
+    assert unknown["error"]["code"] == -32602
+
+
+async def test_prompts_get_sends_the_servers_own_name(rig: Rig) -> None:
+    await rig.request(EVERYTHING, "prompts/get", {"name": "b__greet", "arguments": {"who": "x"}})
+    assert rig.servers["b"].received == [("surface", "prompts/get", {"name": "greet", "arguments": {"who": "x"}})]
+
+
+async def test_completion_is_routed_by_its_reference(rig: Rig) -> None:
+    await rig.request(EVERYTHING, "completion/complete", {"ref": {"type": "ref/prompt", "name": "a__greet"},
+                                                          "argument": {"name": "who", "value": "w"}})
+    await rig.request(EVERYTHING, "completion/complete", {"ref": {"type": "ref/resource",
+                                                                  "uri": "b://item/{id}/data"},
+                                                          "argument": {"name": "id", "value": "1"}})
+    assert rig.servers["a"].received == [("surface", "completion/complete", {
+        "ref": {"type": "ref/prompt", "name": "greet"}, "argument": {"name": "who", "value": "w"}})]
+    assert [r[1] for r in rig.servers["b"].received] == ["completion/complete"]
+    decision = (await rig.records())[0]
+    assert decision["method"] == "a.completion/complete"
+
+
+async def test_what_a_client_may_not_use_is_not_listed(rig: Rig) -> None:
+    resources = (await rig.request(SOME, "resources/list"))["result"]["resources"]
+    # b's shared://x is b's for this client: a's does not exist for it.
+    assert [r["uri"] for r in resources] == ["b://doc", "shared://x"]
+    assert [p["name"] for p in (await rig.request(SOME, "prompts/list"))["result"]["prompts"]] == ["a__greet"]
+    for method, key in (("resources/list", "resources"), ("resources/templates/list", "resourceTemplates"),
+                        ("prompts/list", "prompts")):
+        assert (await rig.request(NOTHING, method))["result"] == {key: []}
+
+
+DENIED_AND_UNKNOWN = [
+    # (method, params the client may not use, params of something that does not exist)
+    ("resources/read", {"uri": "a://doc"}, {"uri": "nowhere://doc"}),
+    ("resources/read", {"uri": "a://item/1/data"}, {"uri": "nowhere://item/1/data"}),
+    ("resources/subscribe", {"uri": "a://doc"}, {"uri": "nowhere://doc"}),
+    ("resources/unsubscribe", {"uri": "a://doc"}, {"uri": "nowhere://doc"}),
+    ("prompts/get", {"name": "b__greet"}, {"name": "b__nothing"}),
+    ("completion/complete", {"ref": {"type": "ref/prompt", "name": "b__greet"}, "argument": {"name": "n", "value": ""}},
+     {"ref": {"type": "ref/prompt", "name": "z__greet"}, "argument": {"name": "n", "value": ""}}),
+    ("completion/complete", {"ref": {"type": "ref/resource", "uri": "a://item/{id}/data"},
+                             "argument": {"name": "id", "value": ""}},
+     {"ref": {"type": "ref/resource", "uri": "z://item/{id}/data"}, "argument": {"name": "id", "value": ""}}),
+]
+
+
+def _shape(error: dict[str, Any], name: str) -> str:
+    return json.dumps(error).replace(name, "NAME")
+
+
+def _name(params: dict[str, Any]) -> str:
+    ref = params.get("ref", {})
+    return str(params.get("uri") or params.get("name") or ref.get("name") or ref.get("uri"))
+
+
+@pytest.mark.parametrize(("method", "denied", "absent"), DENIED_AND_UNKNOWN)
+async def test_denied_answers_exactly_as_unknown_and_reaches_nothing(
+    rig: Rig, method: str, denied: dict[str, Any], absent: dict[str, Any]
+) -> None:
+    refused = (await rig.request(SOME, method, denied))["error"]
+    missing = (await rig.request(SOME, method, absent))["error"]
+    assert refused["code"] == missing["code"] == -32602
+    assert _shape(refused, _name(denied)) == _shape(missing, _name(absent))
+    assert rig.servers["a"].received == rig.servers["b"].received == []
+    assert all(record["decision"] == "deny" for record in await rig.records())
+
+
+async def test_without_any_grant_nothing_of_a_server_can_be_reached(rig: Rig) -> None:
+    for method, denied, _absent in DENIED_AND_UNKNOWN:
+        assert (await rig.request(NOTHING, method, denied))["error"]["code"] == -32602
+    assert (await rig.request(NOTHING, "resources/read", {"uri": "b://doc"}))["error"]["code"] == -32602
+    assert rig.servers["a"].received == rig.servers["b"].received == []
+
+
+async def test_completion_needs_its_own_grant_too(rig: Rig) -> None:
+    reader = Principal("r", (Grant("r", "p.toml", allow=("b.resources/read",)),))
+    answer = await rig.request(reader, "completion/complete", {
+        "ref": {"type": "ref/resource", "uri": "b://item/{id}/data"}, "argument": {"name": "id", "value": ""}})
+    assert answer["error"] == {"code": -32602, "message": "Unknown reference: b://item/{id}/data"}
+    assert rig.servers["b"].received == []
+
+
+async def test_updates_reach_only_subscribed_sessions_that_may_still_read(rig: Rig) -> None:
+    sessions = Sessions(10, 3600)
+    mine = sessions.create("all", {})
+    other = sessions.create("all", {})
+    assert "result" in await rig.request(EVERYTHING, "resources/subscribe", {"uri": "a://doc"}, session=mine)
+    assert mine.subscriptions == {("a", "a://doc")}
+    principals = {"all": EVERYTHING}
+
+    class Tokens:
+        def principal(self, client: str) -> Principal | None:
+            return principals.get(client)
+
+    updated = {"jsonrpc": "2.0", "method": surfaces.UPDATED, "params": {"uri": "a://doc"}}
+    surfaces.tell(sessions, Tokens(), "a", updated)  # type: ignore[arg-type]
+    surfaces.tell(sessions, Tokens(), "b", updated)  # type: ignore[arg-type]  # b's is not what mine subscribed to
+    assert mine.outbound.get_nowait() == updated
+    assert mine.outbound.empty() and other.outbound.empty()
+    principals["all"] = NOTHING  # a reload took the grant away
+    surfaces.tell(sessions, Tokens(), "a", updated)  # type: ignore[arg-type]
+    assert mine.outbound.empty()
+    principals["all"] = EVERYTHING
+    changed = {"jsonrpc": "2.0", "method": surfaces.PROMPTS_CHANGED}
+    surfaces.tell(sessions, Tokens(), "a", changed)  # type: ignore[arg-type]
+    assert mine.outbound.get_nowait() == changed and other.outbound.get_nowait() == changed
+    await rig.request(EVERYTHING, "resources/unsubscribe", {"uri": "a://doc"}, session=mine)
+    assert mine.subscriptions == set()
+
+
+@pytest.mark.parametrize(("template", "uri", "matches"), [
+    ("test://template/{id}/data", "test://template/123/data", True),
+    ("test://template/{id}/data", "test://template/1/2/data", False),
+    ("file:///{+path}", "file:///a/b/c", True),
+    ("search://q{?term,limit}", "search://q?term=x&limit=2", True),
+    ("x://{a}", "y://b", False),
+    ("x://{broken", "x://{broken", False),
+])
+def test_template_matching(template: str, uri: str, matches: bool) -> None:
+    assert surfaces.template_matches(template, uri) is matches
+
+
+def test_prompt_names_reverse_exactly() -> None:
+    catalog = Catalog("_")
+    assert catalog.prompt_name("test", "simple_prompt") == "test_simple_prompt"
+    assert catalog.split_prompt("test_simple_prompt") == ("test", "simple_prompt")
+    assert catalog.prompt_name("my_server", "p") is None  # could not be split back
+    assert catalog.split_prompt("nosep") is None
+
+
+def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
+    calc = 'protocol = "jsonrpc"\ncommand = ["x"]\n[methods.add]\n'
+    write_config(tmp_path, {"docs": python_command("x.py"), "calc": calc},
+                 '[roles.r]\nallow = ["docs.resources/read", "calc.*"]\n', {"c": ["r"]})
+    snapshot = load_snapshot(tmp_path)
+    lines = list(explain(snapshot, "c", "docs.resources/read", None))
+    assert lines[0] == "allow: c may call docs.resources/read"
+    assert "pattern 'docs.resources/read'" in lines[1]
+    assert "resources/subscribe" in lines[2]
+    assert list(explain(snapshot, "c", "docs.prompts/get", None))[0].startswith(
+        "deny: c may not call docs.prompts/get")
+    assert "offers no resources" in list(explain(snapshot, "c", "calc.resources/read", None))[-1]
+
+
+async def test_a_plain_json_rpc_server_lists_no_resources_or_prompts_and_is_not_started(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": 'protocol = "jsonrpc"\ncommand = ["no-such-program"]\n[methods.add]\n'})
+    server = ToolServer("calc", load_snapshot(tmp_path).servers["calc"], tmp_path)
+    for kind in ("resources", "resourceTemplates", "prompts"):
+        assert await server.surface(kind) == []
+    assert server.pid is None
