@@ -10,6 +10,7 @@ share) and `Target` (one tool server and one of its methods). Does not own any s
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ DIRECT = "direct"
 TOOLS_CALL = "tools/call"
 # A JSON-RPC notification (no id): no answer, not even an error.
 NOTIFICATION = "notification"
+# A caller's `tracestate` longer than this is not passed on (the W3C limit is 512 characters).
+TRACESTATE_MAX_CHARS = 512
 
 Emit = Callable[[dict[str, Any]], None]
 # Registers a callback for when the caller's connection goes away; returns a function that unregisters it.
@@ -99,6 +102,21 @@ class Call:
         if self._params_sha256 is None:
             self._params_sha256 = audit.params_hash(self.arguments)
         return self._params_sha256
+
+    def trace_context(self) -> dict[str, Any]:
+        """The W3C trace context a child is sent: the caller's, if well formed, else a traceparent made from the
+        trace id this call's audit records carry."""
+        meta = self.meta if isinstance(self.meta, dict) else {}
+        parent = meta.get("traceparent")
+        if isinstance(parent, str) and audit.trace_id(meta) == parent[3:35]:
+            out: dict[str, Any] = {"traceparent": parent}
+            state = meta.get("tracestate")
+            if isinstance(state, str) and len(state) <= TRACESTATE_MAX_CHARS:
+                out["tracestate"] = state
+            return out
+        if not self.trace:
+            self.trace = audit.trace_id(meta)
+        return {"traceparent": f"00-{self.trace}-{random.getrandbits(64):016x}-01"}
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
         """An audit record of this call; its records share one trace id."""

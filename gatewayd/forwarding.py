@@ -15,12 +15,10 @@ log lines through the session's log level; and who the child's own requests duri
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
-from gatewayd import audit
 from gatewayd.calls import TOOLS_CALL, Call, CallContext, Target
 from gatewayd.errors import CallTimedOut
 from gatewayd.relay import Relay
@@ -28,8 +26,6 @@ from gatewayd.upstream.api import Delivery, EventSink
 
 # The `_meta` key of a caller's own deadline for a call, in milliseconds from when the gateway received it.
 TIMEOUT_KEY = "io.gatewayd/timeoutMs"
-# The W3C trace-context members passed on to the child (a well-formed traceparent, else the gateway's own).
-TRACESTATE_MAX_CHARS = 512
 
 
 async def forward(call: Call, target: Target, still_allowed: Callable[[], None] | None,
@@ -40,7 +36,7 @@ async def forward(call: Call, target: Target, still_allowed: Callable[[], None] 
     budget = _caller_budget(call)
     caller = relay.caller(call.ctx) if relay is not None else None
     delivery = Delivery(call.ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
-                        meta=_trace_meta(call))
+                        trace=call.trace_context)
     try:
         if call.route == TOOLS_CALL:
             return await target.server.call_tool(target.method, call.arguments, delivery)
@@ -67,22 +63,6 @@ def _caller_budget(call: Call) -> float | None:
 def _deadline_ms(call: Call) -> float:
     wanted = call.meta[TIMEOUT_KEY]
     return float(call.started * 1000 + wanted)
-
-
-def _trace_meta(call: Call) -> dict[str, Any]:
-    """The trace context the child is sent: the caller's, if well formed, else one made from the gateway's trace id
-    (the id the call's audit records carry)."""
-    meta = call.meta if isinstance(call.meta, dict) else {}
-    parent = meta.get("traceparent")
-    if isinstance(parent, str) and audit.trace_id(meta) == parent[3:35]:
-        out: dict[str, Any] = {"traceparent": parent}
-        state = meta.get("tracestate")
-        if isinstance(state, str) and len(state) <= TRACESTATE_MAX_CHARS:
-            out["tracestate"] = state
-        return out
-    if not call.trace:
-        call.trace = audit.trace_id(meta)
-    return {"traceparent": f"00-{call.trace}-{random.getrandbits(64):016x}-01"}
 
 
 async def send(call: Call, target: Target, still_allowed: Callable[[], None] | None) -> bool:

@@ -46,8 +46,9 @@ class Delivery:
     caller: Caller | None = None
     # The caller's own deadline for the call, in seconds from now (None: only the configured timeout applies).
     timeout: float | None = None
-    # What the child's `_meta` carries besides the progress token: the call's trace context.
-    meta: dict[str, Any] | None = None
+    # What the child's `_meta` carries besides the progress token: the call's trace context, made only for a
+    # dialect that sends it.
+    trace: Callable[[], dict[str, Any]] | None = None
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).

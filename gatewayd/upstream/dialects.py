@@ -276,7 +276,7 @@ def dialect_for(name: str, config: ServerConfig) -> Dialect:
 def _meta(how: Delivery, call_id: int) -> dict[str, Any]:
     """The `_meta` the child is sent: the call's trace context and, if progress was asked for, a progress token
     that is the gateway's own id (unique per child, whatever the clients chose)."""
-    meta = dict(how.meta) if how.meta else {}
+    meta = how.trace() if how.trace is not None else {}
     if how.progress:
         meta["progressToken"] = call_id
     return meta
