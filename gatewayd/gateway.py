@@ -140,14 +140,17 @@ class Gateway:
                 and len(session.subscriptions) >= surfaces.MAX_SUBSCRIPTIONS:
             raise InvalidParams(f"this session holds {surfaces.MAX_SUBSCRIPTIONS} subscriptions: unsubscribe some")
         target = await route_surface(call, self.surfaces, self.records)
+        key = (target.server.name, call.name)
+        if method == surfaces.UNSUBSCRIBE and session is not None and self.surfaces.shared(session, key):
+            # Another session still wants this URI's updates: only this one's subscription ends.
+            self.surfaces.unsubscribed(session, key)
+            return {}
         result = await self._call(call, target)
-        if session is not None and method in (surfaces.SUBSCRIBE, surfaces.UNSUBSCRIBE):
+        if session is not None and method == surfaces.SUBSCRIBE:
             # Updates reach this session only for the server its subscription went to (surfaces.tell).
-            key = (target.server.name, call.name)
-            if method == surfaces.SUBSCRIBE:
-                session.subscriptions.add(key)
-            else:
-                session.subscriptions.discard(key)
+            self.surfaces.subscribed(session, key)
+        elif session is not None and method == surfaces.UNSUBSCRIBE:
+            self.surfaces.unsubscribed(session, key)
         return result
 
     # -- MCP methods -----------------------------------------------------------------------

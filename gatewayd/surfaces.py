@@ -39,7 +39,7 @@ from gatewayd.catalog import Catalog
 from gatewayd.errors import GatewayError, InvalidParams, UnknownPrompt, UnknownReference, UnknownResource
 from gatewayd.jsonrpc import Request
 from gatewayd.policy import Decision, Principal
-from gatewayd.sessions import Sessions
+from gatewayd.sessions import Session, Sessions
 from gatewayd.tokens import TokenTable
 from gatewayd.upstream.api import Upstream
 
@@ -78,6 +78,41 @@ class Surfaces:
 
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
+        # Sessions subscribed to each (server, uri): a child is told to unsubscribe only when the last one does.
+        self._subscribers: dict[tuple[str, str], int] = {}
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    def subscribed(self, session: Session, key: tuple[str, str]) -> None:
+        """`session` holds a subscription to `key` (server, uri) now; forgotten when the session ends."""
+        if key in session.subscriptions:
+            return
+        if not session.subscriptions:
+            session.on_end(lambda: self._session_ended(session))
+        session.subscriptions.add(key)
+        self._subscribers[key] = self._subscribers.get(key, 0) + 1
+
+    def shared(self, session: Session, key: tuple[str, str]) -> bool:
+        """Whether another session than `session` also holds a subscription to `key`."""
+        return self._subscribers.get(key, 0) - (1 if key in session.subscriptions else 0) > 0
+
+    def unsubscribed(self, session: Session, key: tuple[str, str]) -> None:
+        """`session` no longer holds a subscription to `key`."""
+        if key in session.subscriptions:
+            session.subscriptions.discard(key)
+            self._count_down(key)
+
+    def _session_ended(self, session: Session) -> None:
+        for key in session.subscriptions:
+            self._count_down(key)
+        session.subscriptions.clear()
+
+    def _count_down(self, key: tuple[str, str]) -> None:
+        left = self._subscribers.get(key, 0) - 1
+        if left > 0:
+            self._subscribers[key] = left
+        else:
+            self._subscribers.pop(key, None)
 
     # -- lists -----------------------------------------------------------------------------
 

@@ -268,3 +268,20 @@ async def test_a_plain_json_rpc_server_lists_no_resources_or_prompts_and_is_not_
     for kind in ("resources", "resourceTemplates", "prompts"):
         assert await server.surface(kind) == []
     assert server.pid is None
+
+
+async def test_one_sessions_unsubscribe_leaves_anothers_subscription_at_the_server(rig: Rig) -> None:
+    sessions = Sessions(10, 3600)
+    mine, theirs = sessions.create("all", {}), sessions.create("all", {})
+    for session in (mine, theirs):
+        assert "result" in await rig.request(EVERYTHING, "resources/subscribe", {"uri": "a://doc"}, session=session)
+    sent = [entry[1] for entry in rig.servers["a"].received]
+    assert await rig.request(EVERYTHING, "resources/unsubscribe", {"uri": "a://doc"}, session=mine) == {
+        "jsonrpc": "2.0", "id": 1, "result": {}}
+    assert [entry[1] for entry in rig.servers["a"].received] == sent  # the server still serves theirs
+    assert mine.subscriptions == set() and theirs.subscriptions == {("a", "a://doc")}
+    sessions.delete(theirs.id)  # the last subscriber ended: a new one is told to the server again
+    again = sessions.create("all", {})
+    await rig.request(EVERYTHING, "resources/subscribe", {"uri": "a://doc"}, session=again)
+    await rig.request(EVERYTHING, "resources/unsubscribe", {"uri": "a://doc"}, session=again)
+    assert [entry[1] for entry in rig.servers["a"].received][-1] == "resources/unsubscribe"
