@@ -43,6 +43,10 @@ def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Ite
         channels = ", ".join(["gatewayctl", *options.channels])
         yield f"  asks: {channels}; denied as expired after {options.timeout:g}s without an answer"
     yield from _existence(snapshot, server, tool)
+    config = snapshot.servers.get(server)
+    if config is not None and config.relay and verdict.decision is not Decision.DENY and "/" not in tool:
+        # Nothing is relayed unless the server's tools.d says so: only then is there something to say.
+        yield f"  during the call, {server} may ask the caller's client for: {', '.join(config.relay)}"
 
 
 def _why(decision: Decision, reason: str, client: str, method: str) -> str:

@@ -285,3 +285,13 @@ async def test_one_sessions_unsubscribe_leaves_anothers_subscription_at_the_serv
     await rig.request(EVERYTHING, "resources/subscribe", {"uri": "a://doc"}, session=again)
     await rig.request(EVERYTHING, "resources/unsubscribe", {"uri": "a://doc"}, session=again)
     assert [entry[1] for entry in rig.servers["a"].received][-1] == "resources/unsubscribe"
+
+
+def test_explain_says_what_a_server_may_ask_the_caller_during_the_call(tmp_path: Path) -> None:
+    write_config(tmp_path, {"asker": python_command("x.py") + '\nrelay = ["sampling", "roots"]\n',
+                            "quiet": python_command("x.py")}, '[roles.r]\nallow = ["asker.*", "quiet.*"]\n',
+                 {"c": ["r"]})
+    snapshot = load_snapshot(tmp_path)
+    assert list(explain(snapshot, "c", "asker.tool", None))[-1] == \
+        "  during the call, asker may ask the caller's client for: sampling, roots"
+    assert not any("may ask" in line for line in explain(snapshot, "c", "quiet.tool", None))
