@@ -38,18 +38,40 @@ class Catalog:
 
     def __init__(self, separator: str = "__") -> None:
         self.separator = separator
+        # The last server table indexed by prefix (a generation's table stays the same object while it is current).
+        self._indexed: tuple[Mapping[str, Upstream], dict[str, Upstream], list[Upstream]] | None = None
 
-    def tool_name(self, server: str, method: str) -> str | None:
-        """The MCP tool name for `server.method`, or None when it cannot be a valid one."""
-        name = f"{server}{self.separator}{method}"
+    def tool_name(self, prefix: str, method: str) -> str | None:
+        """The MCP tool name of `method` of a server exposed under `prefix` ("": the method's own name), or None
+        when it cannot be a valid one."""
+        name = f"{prefix}{self.separator}{method}" if prefix else method
         return name if TOOL_NAME.fullmatch(name) else None
 
-    def split(self, name: str) -> tuple[str, str] | None:
-        """(server, method) of an MCP tool name, or None when it cannot be one. Exact: no folding of any kind."""
-        server, sep, method = name.partition(self.separator)
-        if not sep or not TOOL_NAME.fullmatch(name):
+    async def find_tool(
+        self, name: str, principal: Principal, servers: Mapping[str, Upstream]
+    ) -> tuple[Upstream, str] | None:
+        """The server and method an MCP tool name stands for: the server whose prefix it starts with, else the first
+        server (in name order) exposed without a prefix that offers it and that the principal may see. Exact: no
+        folding of any kind."""
+        if not TOOL_NAME.fullmatch(name):
             return None
-        return server, method
+        prefixed, bare = self._index(servers)
+        prefix, sep, method = name.partition(self.separator)
+        server = prefixed.get(prefix) if sep and method else None
+        if server is not None:
+            return server, method
+        for candidate in bare:
+            if policy.may_see_server(principal, candidate.name) and await candidate.has_tool(name):
+                return candidate, name
+        return None
+
+    def _index(self, servers: Mapping[str, Upstream]) -> tuple[dict[str, Upstream], list[Upstream]]:
+        """Servers by prefix, and those without one in name order; made once per generation's server table."""
+        if self._indexed is None or self._indexed[0] is not servers:
+            prefixed = {server.prefix: server for server in servers.values() if server.prefix}
+            bare = sorted((server for server in servers.values() if not server.prefix), key=lambda s: s.name)
+            self._indexed = (servers, prefixed, bare)
+        return self._indexed[1], self._indexed[2]
 
     def prompt_name(self, server: str, prompt: str) -> str | None:
         """The name clients see for `server`'s prompt, or None when it could not be reversed exactly (a server name
@@ -71,12 +93,21 @@ class Catalog:
         visible = [s for s in servers.values() if policy.may_see_server(principal, s.name)]
         listed = await asyncio.gather(*(self._visible_tools(principal, s) for s in visible), return_exceptions=True)
         tools: list[dict[str, Any]] = []
-        for server, result in zip(visible, listed, strict=True):
+        names: set[str] = set()
+        for server, result in sorted(zip(visible, listed, strict=True), key=lambda pair: _listing_order(pair[0])):
             if isinstance(result, BaseException):
                 logger.warning("server=%s left out of tools/list: %s", server.name, result)
                 continue
-            tools.extend(self._describe(principal, server, tool) for tool in sorted(result, key=lambda t: t.method))
-        return {"tools": [tool for tool in tools if tool]}
+            for tool in sorted(result, key=lambda t: t.method):
+                described = self._describe(principal, server, tool)
+                if described and described["name"] in names:
+                    # Only servers without a prefix can collide; calls go to the first (find_tool): so does the list.
+                    logger.warning("server=%s tool %r left out of tools/list: another server's has its name",
+                                   server.name, tool.method)
+                elif described:
+                    names.add(described["name"])
+                    tools.append(described)
+        return {"tools": tools}
 
     async def _visible_tools(self, principal: Principal, server: Upstream) -> list[ToolDef]:
         """The server's tools this principal may call (or call after confirmation)."""
@@ -84,7 +115,7 @@ class Catalog:
         return [t for t in tools if _listing(principal, server, t) is not Decision.DENY]
 
     def _describe(self, principal: Principal, server: Upstream, tool: ToolDef) -> dict[str, Any]:
-        name = self.tool_name(server.name, tool.method)
+        name = self.tool_name(server.prefix, tool.method)
         if name is None:
             logger.warning("server=%s tool %r has no valid MCP name; call it directly", server.name, tool.method)
             return {}
@@ -97,6 +128,11 @@ class Catalog:
         if _listing(principal, server, tool) is Decision.CONFIRM:
             _mark_confirm(described)
         return described
+
+
+def _listing_order(server: Upstream) -> tuple[bool, str]:
+    """Servers with a prefix first (their names cannot collide), then those without, in name order."""
+    return (not server.prefix, server.name)
 
 
 def _listing(principal: Principal, server: Upstream, tool: ToolDef) -> Decision:

@@ -75,7 +75,7 @@ class Gateway:
             return
         call = calls.direct(ctx, calls.NOTIFICATION, None, message.method, message.params)
         try:
-            target = route(call, self.catalog, self.records)
+            target = await route(call, self.catalog, self.records)
             await authorize(call, target, self.records)
             if not await send(call, target, still_allowed(call, target, self.records)):
                 # MCP has no fire-and-forget tool call; running it and dropping the result would surprise.
@@ -112,7 +112,7 @@ class Gateway:
     async def _call(self, call: Call, target: Target | None = None) -> Any:
         """One call's whole path: route (unless already routed) → decide → track → confirm → forward → record."""
         if target is None:
-            target = route(call, self.catalog, self.records)
+            target = await route(call, self.catalog, self.records)
         confirm = await authorize(call, target, self.records)
         try:
             with self.inflight.track(call):

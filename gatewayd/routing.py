@@ -15,25 +15,26 @@ from gatewayd.catalog import Catalog
 from gatewayd.errors import GatewayError, MethodNotFound, UnknownTool
 from gatewayd.records import Records
 from gatewayd.surfaces import Surfaces
+from gatewayd.upstream.api import Upstream
 
 # No tool server offers a longer name (a file name, a dot, and a tool name the MCP spec keeps to 128 characters);
 # a longer one is unknown at once, before it costs a pattern match or a place in a memo.
 MAX_NAME_CHARS = 512
 
 
-def route(call: Call, catalog: Catalog, records: Records) -> Target:
+async def route(call: Call, catalog: Catalog, records: Records) -> Target:
     """The target of the call; `call.method` becomes its canonical name. Raises `unknown(call)`."""
+    found: tuple[Upstream, str] | None = None
     if len(call.name) > MAX_NAME_CHARS:
-        parts = None
+        pass
     elif call.route == TOOLS_CALL:
-        parts = catalog.split(call.name)
-    else:
-        parts = _split_direct(call.name)
-    server = call.ctx.servers.get(parts[0]) if parts is not None else None
-    if server is None or parts is None:
+        found = await catalog.find_tool(call.name, call.ctx.principal, call.ctx.servers)
+    elif (parts := _split_direct(call.name)) is not None and (server := call.ctx.servers.get(parts[0])) is not None:
+        found = server, parts[1]
+    if found is None:
         records.decided(call, "deny", reason="unknown")
         raise unknown(call)
-    target = Target(server, parts[1])
+    target = Target(*found)
     call.method = target.canonical
     return target
 

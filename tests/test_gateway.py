@@ -44,6 +44,12 @@ class Scripted:
     received: list[tuple[str, str, Any]] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     notifies: bool = True
+    # Its tools.d `prefix` (None: its name).
+    exposed: str | None = None
+
+    @property
+    def prefix(self) -> str:
+        return self.name if self.exposed is None else self.exposed
 
     def needs_confirmation(self, method: str) -> bool:
         return method in self.confirm
@@ -328,3 +334,33 @@ def _without_data(error: dict[str, Any], name: str) -> dict[str, Any]:
     """An error with the caller's own name taken out: what is left must not tell denied from unknown."""
     stripped: dict[str, Any] = json.loads(json.dumps(error).replace(json.dumps(name)[1:-1], "NAME"))
     return stripped
+
+
+WIDE = Principal("dev", (Grant("dev", "policies/test.toml", allow=("s.*", "t.*")),))
+
+
+async def _on(gateway: Gateway, servers: dict[str, Scripted], method: str, params: Any) -> dict[str, Any]:
+    ctx = CallContext(WIDE, dict(servers))
+    return await gateway.dispatch(ctx, Request(1, method, params))
+
+
+async def test_a_prefix_is_what_clients_see_before_a_servers_tool_names(rig: Rig) -> None:
+    server = Scripted("s", ["add"], exposed="calc")
+    listed = await _on(rig.gateway, {"s": server}, "tools/list", {})
+    assert [tool["name"] for tool in listed["result"]["tools"]] == ["calc__add"]
+    assert (await _on(rig.gateway, {"s": server}, "tools/call", {"name": "calc__add", "arguments": {}}))["result"]
+    unknown = await _on(rig.gateway, {"s": server}, "tools/call", {"name": "s__add", "arguments": {}})
+    assert unknown["error"]["code"] == -32602
+    # Policies and direct calls keep the server's own name.
+    assert (await _on(rig.gateway, {"s": server}, "s.add", {}))["result"] == {"ok": "add"}
+
+
+async def test_without_a_prefix_tools_keep_their_own_names_and_the_first_server_wins_a_collision(rig: Rig) -> None:
+    first, second = Scripted("s", ["add", "only_s"], exposed=""), Scripted("t", ["add", "only_t"], exposed="")
+    servers = {"t": second, "s": first}
+    listed = await _on(rig.gateway, servers, "tools/list", {})
+    assert [tool["name"] for tool in listed["result"]["tools"]] == ["add", "only_s", "only_t"]
+    await _on(rig.gateway, servers, "tools/call", {"name": "add", "arguments": {}})
+    await _on(rig.gateway, servers, "tools/call", {"name": "only_t", "arguments": {}})
+    assert [(kind, method) for kind, method, _ in first.received] == [("tool", "add")]
+    assert [(kind, method) for kind, method, _ in second.received] == [("tool", "only_t")]

@@ -160,7 +160,28 @@ def load_servers(directory: Path, errors: list[ConfigError], digest: Any = None)
         server = _validate(ServerConfig, path, *loaded, errors)
         if server is not None:
             servers[path.stem] = server
+    _check_prefixes(directory, servers, errors)
     return servers
+
+
+def _check_prefixes(directory: Path, servers: dict[str, ServerConfig], errors: list[ConfigError]) -> None:
+    """Two servers exposing their tools under the same prefix would hand clients one name for two tools."""
+    seen: dict[str, str] = {}
+    for name in sorted(servers):
+        prefix = exposed_prefix(name, servers[name])
+        if not prefix:
+            continue
+        if prefix in seen:
+            errors.append(ConfigError(str(directory / f"{name}.toml"), "prefix",
+                                      f"exposes its tools as {prefix!r}, as {directory / (seen[prefix] + '.toml')} "
+                                      "does: give one of them another prefix"))
+        else:
+            seen[prefix] = name
+
+
+def exposed_prefix(name: str, config: ServerConfig) -> str:
+    """The prefix of a server's tool names as clients see them: its `prefix`, else its name (the file's stem)."""
+    return config.prefix if config.prefix is not None else name
 
 
 def _merge(

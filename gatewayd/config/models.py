@@ -78,6 +78,9 @@ class ServerConfig(_Strict):
     max_restarts: int = Field(5, ge=0)
     restart_window: Duration = 60.0
     methods: dict[str, MethodConfig] = Field(default_factory=dict)
+    # What clients see before the server's tool names (`<prefix><separator><tool>`); None: the file's stem; "": the
+    # server's own names, for clients that hard-code tool names.
+    prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{0,64}$")
     # What the server may ask of the caller's client during a call (gatewayd/relay.py): nothing by default.
     relay: list[Literal["sampling", "elicitation", "roots"]] = Field(default_factory=list)
 

@@ -74,6 +74,11 @@ class Upstream(Protocol):
         """The server's name (its tools.d file's stem): the first part of every canonical name."""
         ...
 
+    @property
+    def prefix(self) -> str:
+        """What clients see before its tool names (`<prefix><separator><tool>`); "": its own names alone."""
+        ...
+
     def needs_confirmation(self, method: str) -> bool:
         """Whether its tools.d file says every call of `method` waits for a person."""
         ...

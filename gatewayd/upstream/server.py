@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gatewayd.config.loader import exposed_prefix
 from gatewayd.config.models import ServerConfig
 from gatewayd.deadlines import Deadlines
 from gatewayd.errors import (
@@ -77,6 +78,7 @@ class ToolServer:
         # old child drains beside the new one.
         self.tag = f"{name} gen={generation}"
         self.config = config
+        self.prefix = exposed_prefix(name, config)
         self.dialect = dialect_for(name, config)
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed

@@ -169,3 +169,25 @@ def test_an_agent_token_can_never_be_an_operator_token(tmp_path: Path) -> None:
 def test_operators_are_loaded(tmp_path: Path) -> None:
     write_config(tmp_path, {"calc": CALC}, f'[operators.alice]\ntoken_sha256 = ["{"cd" * 32}"]\n')
     assert load_snapshot(tmp_path).operators["alice"].token_sha256 == ["cd" * 32]
+
+
+def test_two_servers_exposing_the_same_prefix_is_an_error_naming_both_files(tmp_path: Path) -> None:
+    (tmp_path / "tools.d").mkdir()
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "tools.d" / "a.toml").write_text('command = ["x"]\nprefix = "b"\n')
+    (tmp_path / "tools.d" / "b.toml").write_text('command = ["x"]\n')
+    (tmp_path / "tools.d" / "c.toml").write_text('command = ["x"]\nprefix = ""\n')
+    (tmp_path / "tools.d" / "d.toml").write_text('command = ["x"]\nprefix = ""\n')
+    with pytest.raises(ConfigInvalid) as invalid:
+        load_snapshot(tmp_path)
+    [error] = invalid.value.errors
+    assert error.key == "prefix" and "b.toml" in error.file and "a.toml" in error.detail
+
+
+def test_a_prefix_outside_the_tool_name_alphabet_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "tools.d").mkdir()
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "tools.d" / "a.toml").write_text('command = ["x"]\nprefix = "a.b"\n')
+    with pytest.raises(ConfigInvalid) as invalid:
+        load_snapshot(tmp_path)
+    assert invalid.value.errors[0].key == "prefix"
