@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import admin, surfaces, systemd
+from gatewayd import admin, surfaces, systemd, tasks
 from gatewayd.approvals import Approvals
 from gatewayd.audit import AuditLog
 from gatewayd.catalog import Catalog, tell_tools_changed
@@ -141,7 +141,14 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     """Wire the parts for the first generation of `snapshot`; nothing is started yet."""
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout, settings.max_sessions_per_client)
     pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name),
-                on_surface_event=lambda name, message: surfaces.tell(sessions, state.generation.tokens, name, message))
+                on_surface_event=lambda name, message: told(name, message))
+
+    def told(name: str, message: dict[str, Any]) -> None:
+        if message.get("method") == tasks.STATUS:
+            gateway.tasks.tell(name, message, state.generation.tokens.principal)
+        else:
+            surfaces.tell(sessions, state.generation.tokens, name, message)
+
     audit_log = AuditLog(settings.audit_file(), reserve_bytes=settings.audit_reserve_bytes)
     metrics, registry, inflight = Metrics(), Approvals(), Inflight()
     records = Records(audit_log, metrics)

@@ -91,6 +91,9 @@ class Call:
     method: str = ""
     started: float = field(default_factory=time.monotonic)
     trace: str = ""
+    # What the server is sent when it is not `arguments` (a task's follow-up, tasks.py, is decided with the
+    # arguments of the call that created the task, and sends the child's task id).
+    sent: Any = None
     _params_sha256: str | None = None
 
     def __post_init__(self) -> None:

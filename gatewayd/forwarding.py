@@ -36,19 +36,27 @@ async def forward(call: Call, target: Target, still_allowed: Callable[[], None] 
     budget = _caller_budget(call)
     caller = relay.caller(call.ctx) if relay is not None else None
     delivery = Delivery(call.ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
-                        trace=call.trace_context)
+                        trace=call.trace_context, task=_task(call))
     try:
         if call.route == TOOLS_CALL:
             return await target.server.call_tool(target.method, call.arguments, delivery)
         if target.surface:
-            # A resource, prompt or completion request: the route is the MCP method the server is sent.
-            return await target.server.call_surface(call.route, call.arguments, delivery)
+            # A resource, prompt or completion request, or a task's follow-up (tasks.py): the route is the MCP method
+            # the server is sent.
+            sent = call.arguments if call.sent is None else call.sent
+            return await target.server.call_surface(call.route, sent, delivery)
         return await target.server.call_method(target.method, call.arguments, delivery)
     except CallTimedOut as exc:
         if budget is not None:
             # How much of the caller's own deadline was left when the call gave up (0: it was the caller's).
             exc.data["remaining_ms"] = max(0, round(_deadline_ms(call) - time.monotonic() * 1000))
         raise
+
+
+def _task(call: Call) -> dict[str, Any] | None:
+    """A task-augmented `tools/call`'s `task` (tasks.py): how to run the call, not what it does."""
+    task = call.params.get("task") if call.route == TOOLS_CALL and isinstance(call.params, dict) else None
+    return task if isinstance(task, dict) else None
 
 
 def _caller_budget(call: Call) -> float | None:

@@ -10,7 +10,9 @@ Owns the pipeline every call to a tool server runs, in this order, each step in 
     record    records.outcome        how it ended, for the audit log and the metrics
 
 and turning what a step raises into the caller's JSON-RPC answer. Resource, prompt and completion calls
-(surfaces.py) run the same pipeline, routed to the server that owns their URI, prompt or reference.
+(surfaces.py) run the same pipeline, routed to the server that owns their URI, prompt or reference; so do
+`tasks/get`, `tasks/result` and `tasks/cancel` (tasks.py), routed to the server holding the task and decided as
+the tool that created it.
 Does not own HTTP or sessions (web/), the policy (policy.py) or tool servers (upstream/).
 """
 
@@ -20,12 +22,12 @@ import asyncio
 import logging
 from typing import Any
 
-from gatewayd import __version__, calls, jsonrpc, surfaces
+from gatewayd import __version__, calls, jsonrpc, surfaces, tasks
 from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
 from gatewayd.confirmation import ConfirmationGate
-from gatewayd.errors import GatewayError, InternalError, InvalidParams
+from gatewayd.errors import GatewayError, InternalError, InvalidParams, Overloaded
 from gatewayd.forwarding import forward, send
 from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Notification, Request, Response
@@ -33,6 +35,7 @@ from gatewayd.records import Records
 from gatewayd.relay import Relay
 from gatewayd.routing import route, route_surface
 from gatewayd.sessions import LOG_LEVELS
+from gatewayd.upstream.api import Delivery
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,10 @@ class Gateway:
         self.inflight = inflight
         # The requests tool servers send callers during their calls (sampling, elicitation, roots).
         self.relay = relay if relay is not None else Relay(records)
+        # The tasks children hold for clients (tasks.py).
+        self.tasks = tasks.Tasks()
+        # Cancellations of tasks the table had no room for, running.
+        self._cancelling: set[asyncio.Task[Any]] = set()
 
     # -- entry points ----------------------------------------------------------------------
 
@@ -100,20 +107,28 @@ class Gateway:
         if method == "tools/list":
             return await self.catalog.list_tools(ctx.principal, ctx.servers)
         if method == "tools/call":
-            return await self._call(_tool_call(ctx, message))
+            call = _tool_call(ctx, message)
+            if isinstance(call.params.get("task"), dict):
+                return await self._task_call(call)
+            return await self._call(call)
         if method == "logging/setLevel":
             return _set_level(ctx, message.params)
         if method in surfaces.METHODS:
             return await self._surface(ctx, message)
+        if method in tasks.METHODS:
+            return await self._task(ctx, message)
         return await self._call(calls.direct(ctx, calls.DIRECT, message.id, method, message.params))
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    async def _call(self, call: Call, target: Target | None = None) -> Any:
-        """One call's whole path: route (unless already routed) → decide → track → confirm → forward → record."""
+    async def _call(self, call: Call, target: Target | None = None, confirmed: bool = False) -> Any:
+        """One call's whole path: route (unless already routed) → decide → track → confirm → forward → record.
+        (`confirmed`: a person already approved what this call continues, a task's creation.)"""
         if target is None:
             target = await route(call, self.catalog, self.records)
         confirm = await authorize(call, target, self.records)
+        if confirmed:
+            confirm = None
         try:
             with self.inflight.track(call):
                 if confirm is not None:
@@ -153,6 +168,60 @@ class Gateway:
             self.surfaces.unsubscribed(session, key)
         return result
 
+    async def _task_call(self, call: Call) -> Any:
+        """A task-augmented `tools/call` (tasks.py): through the pipeline with its `task`; a CreateTaskResult is
+        remembered and answered under the gateway's task id."""
+        target = await route(call, self.catalog, self.records)
+        client = call.ctx.principal.name
+        self.tasks.admit(client)
+        result = await self._call(call, target)
+        task = tasks.created_task(result)
+        if task is None:
+            return result
+        try:
+            return self.tasks.created(target.server.name, target.method, call.arguments, client, call.ctx.session,
+                                      result, task)
+        except Overloaded:
+            # The table filled while the call ran: the child's task would be nobody's, so it is cancelled.
+            cancel = asyncio.create_task(target.server.call_surface(tasks.CANCEL, {"taskId": task["taskId"]},
+                                                                    Delivery(client)))
+            self._cancelling.add(cancel)
+            cancel.add_done_callback(self._cancelled)
+            raise
+
+    def _cancelled(self, cancel: asyncio.Task[Any]) -> None:
+        self._cancelling.discard(cancel)
+        if not cancel.cancelled() and cancel.exception() is not None:
+            logger.info("an unrecorded task's cancellation failed: %s", cancel.exception())
+
+    async def _task(self, ctx: CallContext, message: Request) -> Any:
+        """`tasks/list` from the table; `tasks/get`, `tasks/result`, `tasks/cancel` of the caller's own task through
+        the pipeline, decided as the tool that created it (tasks.py)."""
+        method, params = message.method, message.params
+        if params is None and method == tasks.LIST:
+            params = {}
+        if not isinstance(params, dict):
+            raise InvalidParams(f"{method} needs params")
+        if method == tasks.LIST:
+            principal = ctx.current_principal()
+            return self.tasks.listed(principal, ctx.servers) if principal is not None else {"tasks": []}
+        task_id = params.get("taskId")
+        if not isinstance(task_id, str):
+            raise InvalidParams(f"{method} needs params.taskId, a string")
+        call = Call(ctx, method, message.id, task_id[:tasks.MAX_ID_CHARS], params, None, params.get("_meta"))
+        entry = self.tasks.find(ctx.principal.name, task_id)
+        server = ctx.servers.get(entry.server) if entry is not None else None
+        if entry is None or server is None:
+            self.records.decided(call, "deny", reason="unknown")
+            raise tasks.unknown(task_id)
+        # Rules see the arguments the task was created with; the child is sent its own id.
+        call.arguments = entry.arguments
+        call.sent = {**{key: value for key, value in params.items() if key != "_meta"}, "taskId": entry.child_id}
+        target = Target(server, entry.tool, surface=True)
+        call.method = target.canonical
+        result = await self._call(call, target, confirmed=True)
+        return self.tasks.answered(entry, method, result)
+
     # -- MCP methods -----------------------------------------------------------------------
 
     def initialize_result(self, version: str) -> dict[str, Any]:
@@ -161,7 +230,8 @@ class Gateway:
             "protocolVersion": version,
             "capabilities": {"tools": {"listChanged": True}, "logging": {},
                              "resources": {"subscribe": True, "listChanged": True}, "prompts": {"listChanged": True},
-                             "completions": {}},
+                             "completions": {},
+                             "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}},
             "serverInfo": SERVER_INFO,
             "instructions": f"Tools and prompts of several servers, each named <server>{self.catalog.separator}<name>; "
                             "resources keep their servers' URIs.",
@@ -179,6 +249,8 @@ def _tool_call(ctx: CallContext, message: Request) -> Call:
     name = params.get("name")
     if not isinstance(name, str):
         raise InvalidParams("tools/call needs params.name, a string")
+    if "task" in params and not isinstance(params["task"], dict):
+        raise InvalidParams("tools/call params.task must be an object")
     return Call(ctx, calls.TOOLS_CALL, message.id, name, params, arguments, params.get("_meta"))
 
 

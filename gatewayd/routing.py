@@ -9,7 +9,7 @@ An unknown name is recorded as denied (reason "unknown"). Does not own the decis
 
 from __future__ import annotations
 
-from gatewayd import surfaces
+from gatewayd import surfaces, tasks
 from gatewayd.calls import TOOLS_CALL, Call, Target
 from gatewayd.catalog import Catalog
 from gatewayd.errors import GatewayError, MethodNotFound, UnknownTool
@@ -63,4 +63,6 @@ def unknown(call: Call) -> GatewayError:
         return UnknownTool(call.name)
     if call.route in surfaces.ROUTES:
         return surfaces.unknown(call)
+    if call.route in tasks.FOLLOW_UPS:
+        return tasks.unknown(call.name)
     return MethodNotFound(call.name)

@@ -49,6 +49,8 @@ class Delivery:
     # What the child's `_meta` carries besides the progress token: the call's trace context, made only for a
     # dialect that sends it.
     trace: Callable[[], dict[str, Any]] | None = None
+    # A task-augmented tool call's `task` (MCP 2025-11-25, tasks.py), sent to an MCP child as it came.
+    task: dict[str, Any] | None = None
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).
@@ -112,7 +114,8 @@ class Upstream(Protocol):
 
     async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         """Send an MCP request about the server's resources, prompts or completions (`resources/read`,
-        `resources/subscribe`, `resources/unsubscribe`, `prompts/get`, `completion/complete`) with exactly `params`;
+        `resources/subscribe`, `resources/unsubscribe`, `prompts/get`, `completion/complete`), or about one of its tasks
+        (`tasks/get`, `tasks/result`, `tasks/cancel`), with exactly `params`;
         the answer is the server's own result, its own error raised as UpstreamError."""
         ...
 

@@ -89,7 +89,7 @@ class Dialect(abc.ABC):
         return []
 
     async def call_surface(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
-        """An MCP request about the child's resources, prompts or completions, answered with its own result."""
+        """An MCP request about the child's resources, prompts, completions or tasks, answered with its own result."""
         raise UpstreamError({"code": -32601, "message": f"a {self.protocol} server has no {method}"})
 
     def on_request(self, message: dict[str, Any], conn: Connection | None = None) -> dict[str, Any] | None:
@@ -153,6 +153,9 @@ class McpDialect(Dialect):
     async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         call_id = conn.new_id()
         params: dict[str, Any] = {"name": tool, "arguments": arguments if arguments is not None else {}}
+        if how.task is not None:
+            # A task-augmented call (tasks.py): the child answers with a CreateTaskResult.
+            params["task"] = how.task
         meta = _meta(how, call_id)
         if meta:
             params["_meta"] = meta

@@ -45,6 +45,8 @@ STALE_AFTER: dict[str, tuple[str, ...]] = {
     "notifications/resources/list_changed": ("resources", "resourceTemplates"),
     "notifications/prompts/list_changed": ("prompts",),
     "notifications/resources/updated": (),
+    # Not about resources or prompts, but told the same way: a task's status (tasks.py).
+    "notifications/tasks/status": (),
 }
 # Shortest idle re-check, so a timer that fires a hair early does not spin.
 IDLE_MIN_WAIT = 0.01
