@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8765
 
-.PHONY: run test lint bench conformance-suite clean
+.PHONY: run test lint bench conformance-suite mcp-servers clean
 
 $(BIN)/gatewayd: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,19 @@ $(CONFORMANCE)/.installed: Makefile
 
 conformance-suite: $(CONFORMANCE)/.installed
 
+# The reference MCP server from the npm registry, a real peer for tests/e2e/test_mcp_everything.py (Node from above).
+MCP_SERVERS := .mcp-servers
+MCP_SERVER_PACKAGES := @modelcontextprotocol/server-everything@2026.8.31
+
+$(MCP_SERVERS)/.installed: Makefile
+	mkdir -p $(MCP_SERVERS)
+	npm install --prefix $(MCP_SERVERS) --no-audit --no-fund --loglevel=error $(MCP_SERVER_PACKAGES)
+	touch $@
+
+mcp-servers: $(MCP_SERVERS)/.installed
+
 bench: $(VENV)/.test-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) $(CONFORMANCE) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(CONFORMANCE) $(MCP_SERVERS) .mypy_cache .ruff_cache .pytest_cache
