@@ -131,6 +131,7 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
 
 def _ctl_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gatewayctl", description="Administer gatewayd.")
+    parser.add_argument("--version", action="version", version=f"gatewayctl {__version__}")
     parser.add_argument("--config-dir", type=Path, default=Path(os.environ.get("GATEWAYD_CONFIG_DIR", ".")),
                         help="directory holding tools.d/ and policies/ (default: $GATEWAYD_CONFIG_DIR or .)")
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -407,6 +408,13 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's own flush at exit finds no broken pipe either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def gatewayctl_main(argv: list[str] | None = None) -> int:
     """Entry point of `gatewayctl`."""
     args = _ctl_parser().parse_args(argv)
@@ -415,6 +423,10 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
              "restart": _restart, "metrics": _metrics, "revoke": _revoke}
     try:
         return verbs[args.verb](args)
+    except BrokenPipeError:
+        # `gatewayctl status --json | head` closed the pipe early: what was read was wanted; no traceback.
+        _quiet_stdout()
+        return 0
     except AdminUnavailable as exc:
         print(f"gatewayctl: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE

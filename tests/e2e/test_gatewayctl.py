@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import socket
 import stat
+import sys
 from pathlib import Path
 
 import aiohttp
 
-from tests.daemon import Daemon, faultsrv_command, gatewayctl, headers, write_config
+from tests.daemon import GATEWAYCTL_DEADLINE, Daemon, daemon_env, faultsrv_command, gatewayctl, headers, write_config
 
 FAULT = faultsrv_command() + '\nprotocol = "jsonrpc"\n[methods.pid]\n'
 ROLES = '[roles.r]\nallow = ["fault.*"]\n'
@@ -119,3 +122,21 @@ async def test_check_takes_the_directory_and_its_exit_status_is_the_verdict(tmp_
     assert code == 0 and "config OK: 1 tool servers" in out
     code, _, err = await gatewayctl(tmp_path, "check", str(bad))
     assert code == 2 and "fault.toml" in err and "call_timout" in err
+
+
+async def test_version_and_a_reader_that_stops_early_get_no_traceback(tmp_path: Path) -> None:
+    write_config(tmp_path, {"fault": FAULT}, ROLES)
+    code, out, _ = await gatewayctl(tmp_path, "--version")
+    assert code == 0 and re.fullmatch(r"gatewayctl \d+\.\d+\.\d+\n", out)
+    async with Daemon(tmp_path):
+        # `gatewayctl status --json | true`: the reader is gone before gatewayctl (a Python start-up and an admin
+        # request away) writes its first byte.
+        reader_fd, writer_fd = os.pipe()
+        proc = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "gatewayctl"), "--config-dir", str(tmp_path), "status", "--json",
+            stdout=writer_fd, stderr=asyncio.subprocess.PIPE, env=daemon_env(), cwd=str(tmp_path))
+        os.close(writer_fd)
+        os.close(reader_fd)
+        async with asyncio.timeout(GATEWAYCTL_DEADLINE):
+            _, err = await proc.communicate()
+        assert proc.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err
