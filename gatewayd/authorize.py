@@ -60,9 +60,12 @@ def still_allowed(call: Call, target: Target, records: Records) -> Callable[[], 
     longer make it; None when nothing can have changed (no reload can reach this caller's permissions)."""
     if call.ctx.authority is None:
         return None
+    decided_with = call.ctx.principal
 
     def check() -> None:
         principal = call.ctx.current_principal()
+        if principal is decided_with:
+            return  # no reload since the decision: a generation's principals never change
         allowed = principal is not None and policy.decide(
             principal, target.canonical, call.arguments, confirm_required=target.server.needs_confirmation(
                 target.method)).decision is not Decision.DENY

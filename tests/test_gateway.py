@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,18 @@ class Rig:
 
 
 GRANT = Grant("dev", "policies/test.toml", allow=("s.add", "s.slow", "s.echo"), confirm=("s.run",))
+
+
+@asynccontextmanager
+async def in_memory_gateway(trail: Path) -> AsyncIterator[tuple[Gateway, AuditLog]]:
+    """A gateway wired as the daemon wires it, recording to a real audit file at `trail`; closed after."""
+    audit_log = AuditLog(trail)
+    await audit_log.start()
+    records = Records(audit_log, Metrics())
+    try:
+        yield Gateway(Catalog("__"), records, ConfirmationGate(Approvals(), records), Inflight()), audit_log
+    finally:
+        await audit_log.close()
 
 
 @pytest.fixture

@@ -15,24 +15,19 @@ from typing import Any
 import pytest
 
 from gatewayd import surfaces
-from gatewayd.approvals import Approvals
 from gatewayd.audit import AuditLog
 from gatewayd.calls import CallContext
 from gatewayd.catalog import Catalog
 from gatewayd.config.loader import load_snapshot
-from gatewayd.confirmation import ConfirmationGate
 from gatewayd.explain import explain
 from gatewayd.gateway import Gateway
-from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Request
-from gatewayd.metrics import Metrics
 from gatewayd.policy import Grant, Principal
-from gatewayd.records import Records
 from gatewayd.sessions import Session, Sessions
 from gatewayd.upstream.api import Upstream
 from gatewayd.upstream.server import ToolServer
 from tests.daemon import python_command, write_config
-from tests.test_gateway import Scripted
+from tests.test_gateway import Scripted, in_memory_gateway
 
 
 def _server(name: str) -> Scripted:
@@ -75,14 +70,8 @@ NOTHING = Principal("none", (Grant("none", "p.toml", allow=("a.tool",)),))
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     trail = tmp_path / "audit.jsonl"
-    audit_log = AuditLog(trail)
-    await audit_log.start()
-    records = Records(audit_log, Metrics())
-    gateway = Gateway(Catalog("__"), records, ConfirmationGate(Approvals(), records), Inflight())
-    try:
+    async with in_memory_gateway(trail) as (gateway, audit_log):
         yield Rig(gateway, {"a": _server("a"), "b": _server("b")}, audit_log, trail)
-    finally:
-        await audit_log.close()
 
 
 async def test_initialize_declares_resources_prompts_and_completions(rig: Rig) -> None:

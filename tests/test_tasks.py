@@ -31,7 +31,7 @@ from gatewayd.sessions import Session, Sessions
 from gatewayd.upstream.api import ANYONE, Delivery, Upstream
 from gatewayd.upstream.server import ToolServer
 from tests.daemon import python_command, write_config
-from tests.test_gateway import Scripted
+from tests.test_gateway import Scripted, in_memory_gateway
 from tests.waiting import eventually
 
 
@@ -97,15 +97,9 @@ BOB = Principal("bob", (Grant("bob", "p.toml", allow=("a.work", "b.work")),))
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     trail = tmp_path / "audit.jsonl"
-    audit_log = AuditLog(trail)
-    await audit_log.start()
-    records = Records(audit_log, Metrics())
-    gateway = Gateway(Catalog("__"), records, ConfirmationGate(Approvals(), records), Inflight())
     servers = {"a": TaskServer("a", ["work"]), "b": TaskServer("b", ["work"])}
-    try:
+    async with in_memory_gateway(trail) as (gateway, audit_log):
         yield Rig(gateway, servers, audit_log, trail, Sessions(10, 3600))
-    finally:
-        await audit_log.close()
 
 
 async def test_initialize_declares_tasks(rig: Rig) -> None:

@@ -132,23 +132,7 @@ class McpDialect(Dialect):
         return tools
 
     async def list_tools(self, conn: Connection, tag: str) -> list[ToolDef]:
-        tools: list[ToolDef] = []
-        cursor: Any = None
-        for _ in range(MAX_TOOL_PAGES):
-            params = {"cursor": cursor} if cursor is not None else {}
-            try:
-                page = await conn.call("tools/list", params, timeout=self.config.startup_timeout)
-            except UpstreamError as exc:
-                # A server without the tools capability has nothing to list; that is not a failure.
-                logger.info("server=%s tools/list refused: %s", tag, exc.message)
-                break
-            if not isinstance(page, dict):
-                break
-            tools.extend(_tool_def(item) for item in page.get("tools", []) if _valid_tool(item))
-            cursor = page.get("nextCursor")
-            if not cursor:
-                break
-        return tools
+        return [_tool_def(item) for item in await self._pages(conn, "tools/list", "tools", tag) if _valid_tool(item)]
 
     async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         call_id = conn.new_id()
@@ -191,7 +175,10 @@ class McpDialect(Dialect):
     offers_surfaces = True
 
     async def list_surface(self, conn: Connection, kind: str, tag: str) -> list[dict[str, Any]]:
-        method = SURFACE_LISTS[kind]
+        return await self._pages(conn, SURFACE_LISTS[kind], kind, tag)
+
+    async def _pages(self, conn: Connection, method: str, kind: str, tag: str) -> list[dict[str, Any]]:
+        """Every item of a paged MCP list (`tools/list`, `resources/list`, …), following `nextCursor`."""
         items: list[dict[str, Any]] = []
         cursor: Any = None
         for _ in range(MAX_TOOL_PAGES):
@@ -202,9 +189,9 @@ class McpDialect(Dialect):
                 # A server without the capability has nothing to list; that is not a failure.
                 logger.info("server=%s %s refused: %s", tag, method, exc.message)
                 break
-            if not isinstance(page, dict) or not isinstance(page.get(kind), list):
+            if not isinstance(page, dict) or not isinstance(page.get(kind, []), list):
                 break
-            items.extend(item for item in page[kind] if isinstance(item, dict))
+            items.extend(item for item in page.get(kind, []) if isinstance(item, dict))
             cursor = page.get("nextCursor")
             if not cursor:
                 break
