@@ -41,9 +41,10 @@ $(CONFORMANCE)/.installed: Makefile
 
 conformance-suite: $(CONFORMANCE)/.installed
 
-# The reference MCP server from the npm registry, a real peer for tests/e2e/test_mcp_everything.py (Node from above).
+# The reference MCP servers from the npm registry, real peers for tests/e2e/test_mcp_everything.py and
+# tests/e2e/test_roots.py (Node from above).
 MCP_SERVERS := .mcp-servers
-MCP_SERVER_PACKAGES := @modelcontextprotocol/server-everything@2026.8.31
+MCP_SERVER_PACKAGES := @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31
 
 $(MCP_SERVERS)/.installed: Makefile
 	mkdir -p $(MCP_SERVERS)

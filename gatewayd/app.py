@@ -141,7 +141,8 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     """Wire the parts for the first generation of `snapshot`; nothing is started yet."""
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout, settings.max_sessions_per_client)
     pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name),
-                on_surface_event=lambda name, message: told(name, message))
+                on_surface_event=lambda name, message: told(name, message),
+                max_isolated_children=settings.max_isolated_children)
 
     def told(name: str, message: dict[str, Any]) -> None:
         if message.get("method") == tasks.STATUS:
@@ -168,7 +169,7 @@ def _observe(state: DaemonState, reloader: Reloader) -> None:
         for name in State:
             yield ("gatewayd_servers", "Tool servers by state.", {"state": name.value},
                    sum(1 for server in servers if server.state is name))
-        children = [s for s in [*servers, *state.pool.retiring] if s.pid is not None]
+        children = [p for s in [*servers, *state.pool.retiring] for p in s.processes if p.pid is not None]
         yield "gatewayd_children_running", "Tool server processes running (retiring ones too).", {}, len(children)
         for server in servers:
             yield ("gatewayd_server_restarts_total", "Restarts after a crash, by server.", {"server": server.name},

@@ -335,6 +335,9 @@ def _status(args: argparse.Namespace) -> int:
     rows: list[tuple[str, ...]] = [("SERVER", "STATE", "PID", "UPTIME", "RESTARTS", "IN FLIGHT", "LAST EXIT")]
     for name, server in body["servers"].items():
         rows.append(_server_row(name, server))
+        # A per-client or per-session server's children, one row each under it, named by their owner.
+        rows += [_server_row(f"  {name} [{server['isolation']} {child['owner']}]", child)
+                 for child in server.get("children", ())]
     rows += [_server_row(f"{server['name']} (retiring)", server) for server in body["retiring"]]
     _print_table(rows)
     for session in body["session_list"]:

@@ -47,6 +47,8 @@ def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Ite
     if config is not None and config.relay and verdict.decision is not Decision.DENY and "/" not in tool:
         # Nothing is relayed unless the server's tools.d says so: only then is there something to say.
         yield f"  during the call, {server} may ask the caller's client for: {', '.join(config.relay)}"
+    if config is not None and config.isolation != "shared" and verdict.decision is not Decision.DENY:
+        yield f"  runs on a child of its own for each {config.isolation} (isolation = \"{config.isolation}\")"
 
 
 def _why(decision: Decision, reason: str, client: str, method: str) -> str:

@@ -9,7 +9,8 @@ smaller winning) and its trace context (`traceparent`/`tracestate`, or the gatew
 passed to the child in `_meta` on every route); and mapping the child's notifications about the call
 to the caller's: progress under the caller's own progress token (only when it asked for progress),
 log lines through the session's log level; and who the child's own requests during the call are put to
-(the caller, through relay.py). Does not own how each protocol is spoken (upstream/dialects.py).
+(the caller, through relay.py; for a per-session child, outside calls too: its session's client). Does not
+own how each protocol is spoken (upstream/dialects.py).
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ async def forward(call: Call, target: Target, still_allowed: Callable[[], None] 
     answered with; the server's own requests meanwhile go to the caller through `relay`."""
     on_event, progress = _event_mapper(call.ctx, call.meta)
     budget = _caller_budget(call)
-    caller = relay.caller(call.ctx) if relay is not None else None
-    delivery = Delivery(call.ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
-                        trace=call.trace_context, task=_task(call))
+    ctx, server = call.ctx, target.server
+    caller = relay.caller(ctx) if relay is not None else None
+    # A per-session child asks its session's client outside calls too (fleet.py); nobody else needs that asker.
+    owner = relay.session_caller(ctx) if relay is not None and server.isolation == "session" else None
+    delivery = Delivery(ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
+                        trace=call.trace_context, task=_task(call), session=ctx.session, owner=owner)
     try:
         if call.route == TOOLS_CALL:
             return await target.server.call_tool(target.method, call.arguments, delivery)
@@ -75,7 +79,7 @@ def _deadline_ms(call: Call) -> float:
 
 async def send(call: Call, target: Target, still_allowed: Callable[[], None] | None) -> bool:
     """Send a notification to its server; False when the server's protocol has no fire-and-forget call."""
-    delivery = Delivery(call.ctx.principal.name, still_allowed=still_allowed)
+    delivery = Delivery(call.ctx.principal.name, still_allowed=still_allowed, session=call.ctx.session)
     return await target.server.notify(target.method, call.arguments, delivery)
 
 

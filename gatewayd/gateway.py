@@ -40,6 +40,7 @@ from gatewayd.upstream.api import Delivery
 logger = logging.getLogger(__name__)
 
 SERVER_INFO = {"name": "gatewayd", "version": __version__}
+ROOTS_CHANGED = "notifications/roots/list_changed"
 
 
 class Gateway:
@@ -78,6 +79,10 @@ class Gateway:
         if message.method == "notifications/cancelled":
             self.inflight.cancel(ctx, message.params)
             return
+        if message.method == ROOTS_CHANGED:
+            if ctx.session is not None:
+                await self._roots_changed(ctx, ctx.session.id)
+            return
         if message.method.startswith("notifications/"):
             return
         call = calls.direct(ctx, calls.NOTIFICATION, None, message.method, message.params)
@@ -92,6 +97,15 @@ class Gateway:
             self.records.outcome(call, "sent")
         except GatewayError as exc:
             logger.info("client=%s notification %s dropped: %s", ctx.principal.name, message.method, exc.message)
+
+    async def _roots_changed(self, ctx: CallContext, session: str) -> None:
+        """The session's client says its roots changed: the children that hold that session's roots (per-session
+        children that asked for them, upstream/fleet.py) are told, and ask again."""
+        for server in ctx.servers.values():
+            try:
+                await server.roots_changed(session)
+            except (GatewayError, OSError) as exc:
+                logger.info("server=%s not told the roots changed: %s", server.name, exc)
 
     def answer(self, ctx: CallContext, message: Response) -> None:
         """A client's response to a request the gateway sent it, routed by its id: a request a tool server relayed

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from gatewayd.config.loader import Snapshot
 from gatewayd.policy import Principal
 from gatewayd.tokens import TokenTable
-from gatewayd.upstream.pool import Pool, PoolDiff
-from gatewayd.upstream.server import ToolServer
+from gatewayd.upstream.pool import Pool, PoolDiff, Server
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,7 +25,7 @@ class Generation:
     number: int
     snapshot: Snapshot
     tokens: TokenTable
-    servers: Mapping[str, ToolServer]
+    servers: Mapping[str, Server]
 
     @classmethod
     def first(cls, snapshot: Snapshot, pool: Pool) -> Generation:

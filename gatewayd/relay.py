@@ -22,6 +22,10 @@ flight) and hands it, with that call's `Caller` (built here, carried by the call
   - one audit record per relayed request (records.py `relayed`): server, kind, client, outcome, the
     params summarized.
 
+A per-session child (upstream/fleet.py) may also ask outside any call (server-filesystem asks for roots at
+start-up and after a roots change): `session_caller` puts those to its session's client on the session's
+own stream, under the same rules, ending at the timeout or the session's end.
+
 Does not own attribution to a call or writing to the child (peer.py), the capabilities a session
 declared (sessions.py) or the gateway's own approval question (confirmation.py).
 """
@@ -110,9 +114,19 @@ class Relay:
             return None
         return RelayCaller(self, ctx)
 
+    def session_caller(self, ctx: CallContext) -> RelayCaller | None:
+        """Who a per-session child (upstream/fleet.py) may ask outside any call: the client of the caller's session,
+        on that session's own stream (the GET stream, which holds what it cannot send yet)."""
+        session = ctx.session
+        if session is None:
+            return None
+        return RelayCaller(self, CallContext(ctx.principal, ctx.servers, session, emit=session.push,
+                                             authority=ctx.authority))
+
     def ask(self, ctx: CallContext, server: str, allowed: Collection[str], message: dict[str, Any],
-            call: asyncio.Future[Any], reply: Reply) -> dict[str, Any] | None:
-        """Put the child's request to the caller (None: `reply` answers it later), or the refusal to write now."""
+            call: asyncio.Future[Any] | None, reply: Reply) -> dict[str, Any] | None:
+        """Put the child's request to the caller (None: `reply` answers it later), or the refusal to write now.
+        `call` ends with the call the request belongs to (None: it belongs to the caller's session, not a call)."""
         method = str(message.get("method"))
         kind = KINDS.get(method)
         params = message.get("params")
@@ -123,7 +137,7 @@ class Relay:
             refusal = "not_allowed", f"{method}: tool server {server!r} may not ask clients for {kind}"
         elif not declared(ctx, kind, params):
             refusal = "not_declared", f"{method}: the caller's client did not declare {kind}"
-        elif call.done() or (ctx.session is not None and ctx.session.ended):
+        elif (call is not None and call.done()) or (ctx.session is not None and ctx.session.ended):
             refusal = "call_finished", f"{method}: the call it belongs to has ended"
         elif len(self._relayed) >= MAX_RELAYED:
             refusal = "overloaded", f"{method}: too many requests wait for clients; retry later"
@@ -168,7 +182,7 @@ class Relay:
             method = relayed.message.get("method")
             self._finish(relayed, outcome, error_reply(relayed.message, code, f"{method}: {reason}"), tell_client=True)
 
-    def _watch(self, relayed: _Relayed, call: asyncio.Future[Any]) -> None:
+    def _watch(self, relayed: _Relayed, call: asyncio.Future[Any] | None) -> None:
         """Every way the request can end without an answer ends it."""
         key, ctx = relayed.key, relayed.ctx
         loop = asyncio.get_running_loop()
@@ -176,11 +190,12 @@ class Relay:
             self.timeout, self.end, key, "timeout", f"the client did not answer within {self.timeout:g}s", TIMED_OUT)
         relayed.undo.append(timer.cancel)
 
-        def call_done(_future: asyncio.Future[Any]) -> None:
-            self.end(key, "call_finished", "the call it belongs to has ended")
+        if call is not None:
+            def call_done(_future: asyncio.Future[Any]) -> None:
+                self.end(key, "call_finished", "the call it belongs to has ended")
 
-        call.add_done_callback(call_done)
-        relayed.undo.append(lambda: call.remove_done_callback(call_done))
+            call.add_done_callback(call_done)
+            relayed.undo.append(lambda: call.remove_done_callback(call_done))
         # Taken back in a later turn: a session's end or a disconnect may be running these very callbacks (Once).
         if ctx.on_disconnect is not None:
             gone = ctx.on_disconnect(lambda: self.end(key, "disconnected", "the caller disconnected"))
@@ -219,6 +234,6 @@ class RelayCaller:
     relay: Relay
     ctx: CallContext
 
-    def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any],
+    def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
             reply: Reply) -> dict[str, Any] | None:
         return self.relay.ask(self.ctx, server, allowed, message, call, reply)

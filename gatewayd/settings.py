@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
     # One client's share, so a client that opens sessions in a loop cannot lock everyone else out of `initialize`.
     max_sessions_per_client: int = Field(64, ge=1, description="most MCP sessions one client may hold at once")
+    # Every per-client or per-session child is a process: this bounds them all, whatever each tools.d file allows.
+    max_isolated_children: int = Field(
+        256, ge=1, description="most children of isolation = \"client\" or \"session\" servers running at once")
     # A session nobody used for this long is forgotten, so abandoned clients do not pile up.
     session_idle_timeout: float = Field(3600.0, gt=0, description="seconds before an unused session ends")
     audit_path: str = Field(

@@ -106,6 +106,11 @@ class Scripted:
             self.received.append(("notify", method, params))
         return self.notifies
 
+    isolation = "shared"
+
+    async def roots_changed(self, session: str) -> None:
+        self.received.append(("roots_changed", session, None))
+
 
 @dataclass
 class Rig:

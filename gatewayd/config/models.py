@@ -83,6 +83,13 @@ class ServerConfig(_Strict):
     prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{0,64}$")
     # What the server may ask of the caller's client during a call (gatewayd/relay.py): nothing by default.
     relay: list[Literal["sampling", "elicitation", "roots"]] = Field(default_factory=list)
+    # Who shares a child (upstream/fleet.py): everyone (one child), each client, or each MCP session (stateful
+    # servers, and a child that may hold one session's roots).
+    isolation: Literal["shared", "client", "session"] = "shared"
+    # With isolation "client" or "session": children of this server at once, and of one client among them. A child
+    # is a process; a client that opens sessions without end must not fork without end.
+    max_children: int = Field(32, ge=1, le=4096)
+    max_children_per_client: int = Field(4, ge=1, le=4096)
 
     @field_validator("command", mode="before")
     @classmethod
@@ -109,6 +116,12 @@ class ServerConfig(_Strict):
             raise ValueError("max_in_flight_per_client cannot be more than max_in_flight")
         if self.max_queued_per_client is not None and self.max_queued_per_client > self.max_queued:
             raise ValueError("max_queued_per_client cannot be more than max_queued")
+        return self
+
+    @model_validator(mode="after")
+    def _children_fit(self) -> ServerConfig:
+        if self.max_children_per_client > self.max_children:
+            raise ValueError("max_children_per_client cannot be more than max_children")
         return self
 
     @property

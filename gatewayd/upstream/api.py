@@ -24,11 +24,24 @@ class Caller(Protocol):
     """Who a server's own requests during one call are put to (relay.py): the caller who caused them."""
 
     def ask(
-        self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any],
+        self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
         reply: Callable[[dict[str, Any]], bool],
     ) -> dict[str, Any] | None:
         """Put the child's request `message` to the caller: the reply to write now (a refusal), or None when
-        `reply` will carry it later. `allowed` is what the server may ask; `call` ends with the call."""
+        `reply` will carry it later. `allowed` is what the server may ask; `call` ends with the call (None: asked
+        outside any call, by a per-session child of the caller's session)."""
+        ...
+
+
+class SessionScope(Protocol):
+    """The MCP session a call belongs to, as a per-session child (fleet.py) needs it: its id, and its end."""
+
+    @property
+    def id(self) -> str:
+        ...
+
+    def on_end(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when the session ends (at once if it has); returns a function that cancels this."""
         ...
 
 
@@ -51,6 +64,11 @@ class Delivery:
     trace: Callable[[], dict[str, Any]] | None = None
     # A task-augmented tool call's `task` (MCP 2025-11-25, tasks.py), sent to an MCP child as it came.
     task: dict[str, Any] | None = None
+    # The caller's MCP session, if any: a server with `isolation = "session"` runs the call on that session's child.
+    session: SessionScope | None = None
+    # Who that child's own requests outside any call are put to (its session's client, relay.py); set only for a
+    # server with `isolation = "session"`.
+    owner: Caller | None = None
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).
@@ -79,6 +97,11 @@ class Upstream(Protocol):
     @property
     def prefix(self) -> str:
         """What clients see before its tool names (`<prefix><separator><tool>`); "": its own names alone."""
+        ...
+
+    @property
+    def isolation(self) -> str:
+        """Who shares a child: "shared" (everyone), "client" or "session" (upstream/fleet.py)."""
         ...
 
     def needs_confirmation(self, method: str) -> bool:
@@ -121,4 +144,9 @@ class Upstream(Protocol):
 
     async def notify(self, method: str, params: Any, delivery: Delivery = ANYONE) -> bool:
         """Send `method` as a notification; False when the server's protocol has no such thing."""
+        ...
+
+    async def roots_changed(self, session: str) -> None:
+        """The client of MCP session `session` says its roots changed: tell the children holding that session's
+        roots (only a per-session child can: a shared one never gets one session's roots)."""
         ...

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import ToolServerUnavailable, UpstreamError
-from gatewayd.upstream.api import Delivery, ToolDef
+from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
 
@@ -50,9 +50,13 @@ class Dialect(abc.ABC):
     # server lists none, and nothing is ever routed to it.
     offers_surfaces: ClassVar[bool] = False
 
-    def __init__(self, name: str, config: ServerConfig) -> None:
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
         self.name = name
         self.config = config
+        # Who the child's requests outside any call go to: the session of a per-session child (fleet.py), else nobody.
+        self.owner = owner
+        # Whether the child ever asked for roots: only then is it told they changed.
+        self.asked_roots = False
 
     @property
     @abc.abstractmethod
@@ -161,8 +165,14 @@ class McpDialect(Dialect):
         method = message.get("method")
         if method not in RELAYED_METHODS or conn is None:
             return default_reply(message)
+        if method == "roots/list":
+            self.asked_roots = True
         pending = conn.pending_for(message)
         caller = pending.caller if pending is not None else None
+        if caller is None and self.owner is not None:
+            # A per-session child asking outside a call its client can be asked in (at start-up, after a roots
+            # change, during the gateway's own listing): its session's client is asked, on the session's stream.
+            return self.owner.ask(self.name, self.config.relay, message, None, conn.reply)
         if pending is None or caller is None:
             why = "belongs to no call of a client that can be asked" if pending is not None else \
                 "cannot be told apart from the other calls in flight, or none is"
@@ -212,8 +222,8 @@ class JsonRpcDialect(Dialect):
 
     protocol = "jsonrpc"
 
-    def __init__(self, name: str, config: ServerConfig) -> None:
-        super().__init__(name, config)
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
+        super().__init__(name, config, owner)
         self._declared = [ToolDef(method, declared.description, declared.input_schema)
                           for method, declared in config.methods.items()]
 
@@ -258,9 +268,9 @@ class JsonRpcDialect(Dialect):
 DIALECTS: dict[str, type[Dialect]] = {dialect.protocol: dialect for dialect in (McpDialect, JsonRpcDialect)}
 
 
-def dialect_for(name: str, config: ServerConfig) -> Dialect:
+def dialect_for(name: str, config: ServerConfig, owner: Caller | None = None) -> Dialect:
     """The dialect a server's tools.d file asks for: the one place `protocol` is read."""
-    return DIALECTS[config.protocol](name, config)
+    return DIALECTS[config.protocol](name, config, owner)
 
 
 def _meta(how: Delivery, call_id: int) -> dict[str, Any]:

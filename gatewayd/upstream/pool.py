@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd.config.loader import Snapshot
+from gatewayd.upstream.fleet import ChildBudget, Fleet
 from gatewayd.upstream.server import ToolServer
+
+# One tools.d server: one shared child, or a child per client or per session.
+Server = ToolServer | Fleet
+# Per-client and per-session children the daemon runs at once when its settings do not say.
+DEFAULT_ISOLATED_CHILDREN = 256
 
 logger = logging.getLogger(__name__)
 
@@ -42,34 +48,41 @@ class Pool:
     """The life of every tool server: a generation's table built, replaced servers retired, all stopped."""
 
     def __init__(self, on_tools_changed: Callable[[str], None] | None = None,
-                 on_surface_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 max_isolated_children: int = DEFAULT_ISOLATED_CHILDREN) -> None:
         self._on_tools_changed = on_tools_changed
         self._on_surface_event = on_surface_event
+        # Shared by every generation's per-client and per-session children.
+        self.budget = ChildBudget(max_isolated_children)
         # Retired servers and the task draining each; owned here so shutdown can stop them too.
-        self._retiring: dict[ToolServer, asyncio.Task[None]] = {}
+        self._retiring: dict[Server, asyncio.Task[None]] = {}
         self._starting: set[asyncio.Task[None]] = set()
 
     def build(
-        self, snapshot: Snapshot, generation: int, previous: Mapping[str, ToolServer] | None = None
-    ) -> tuple[dict[str, ToolServer], PoolDiff]:
+        self, snapshot: Snapshot, generation: int, previous: Mapping[str, Server] | None = None
+    ) -> tuple[dict[str, Server], PoolDiff]:
         """The servers of config `generation`: those of `previous` whose config is unchanged (same child), new ones
         for the rest. Nothing starts or stops here."""
         previous = previous or {}
         diff = PoolDiff()
-        servers: dict[str, ToolServer] = {}
+        servers: dict[str, Server] = {}
         for name, config in sorted(snapshot.servers.items()):
             old = previous.get(name)
             if old is not None and old.config == config and old.config_dir == snapshot.config_dir:
                 servers[name] = old
                 diff.unchanged.append(name)
                 continue
-            servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
-                                      self._on_surface_event)
+            if config.isolation == "shared":
+                servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
+                                          self._on_surface_event)
+            else:
+                servers[name] = Fleet(name, config, snapshot.config_dir, self.budget, self._on_tools_changed,
+                                      generation, self._on_surface_event)
             (diff.changed if old is not None else diff.added).append(name)
         diff.removed.extend(name for name in previous if name not in servers)
         return servers, diff
 
-    def switched(self, previous: Mapping[str, ToolServer], current: Mapping[str, ToolServer], drain: float) -> None:
+    def switched(self, previous: Mapping[str, Server], current: Mapping[str, Server], drain: float) -> None:
         """After a reload swapped `previous` for `current`: retire the servers no longer current in the background
         (see the module doc) and start the new eager ones."""
         for name, old in previous.items():
@@ -83,27 +96,27 @@ class Pool:
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
 
-    def _retire(self, server: ToolServer, why: str, drain: float) -> None:
+    def _retire(self, server: Server, why: str, drain: float) -> None:
         task = asyncio.create_task(server.retire(why, drain), name=f"{server.name}-retire")
         self._retiring[server] = task
         task.add_done_callback(lambda _: self._retiring.pop(server, None))
 
     @property
-    def retiring(self) -> list[ToolServer]:
+    def retiring(self) -> list[Server]:
         """Servers a reload replaced or removed that are still draining."""
         return list(self._retiring)
 
-    async def start_eager(self, servers: Mapping[str, ToolServer]) -> None:
+    async def start_eager(self, servers: Mapping[str, Server]) -> None:
         """Start every `start = "eager"` server; one that fails is logged and retried on its first call."""
         await self._start([server for server in servers.values() if server.config.start == "eager"])
 
-    async def _start(self, servers: list[ToolServer]) -> None:
+    async def _start(self, servers: list[Server]) -> None:
         results = await asyncio.gather(*(server.ensure_running() for server in servers), return_exceptions=True)
         for server, result in zip(servers, results, strict=True):
             if isinstance(result, BaseException):
                 logger.warning("server=%s eager start failed: %s", server.tag, result)
 
-    async def stop_all(self, current: Mapping[str, ToolServer]) -> None:
+    async def stop_all(self, current: Mapping[str, Server]) -> None:
         """Stop every child, current and retiring, concurrently; each stop is bounded by its own escalation."""
         retiring = list(self._retiring)
         tasks = [*self._starting, *self._retiring.values()]

@@ -30,7 +30,7 @@ from gatewayd.errors import (
     ToolServerFailed,
     ToolServerUnavailable,
 )
-from gatewayd.upstream.api import ANYONE, Delivery, ToolDef
+from gatewayd.upstream.api import ANYONE, Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.dialects import dialect_for
 
@@ -74,14 +74,17 @@ class ToolServer:
         on_tools_changed: Callable[[str], None] | None = None,
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+        owner: Caller | None = None,
+        tag: str = "",
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
-        # old child drains beside the new one.
-        self.tag = f"{name} gen={generation}"
+        # old child drains beside the new one. A per-client or per-session child says whose it is, too.
+        self.tag = f"{name} gen={generation}{tag}"
         self.config = config
         self.prefix = exposed_prefix(name, config)
-        self.dialect = dialect_for(name, config)
+        # `owner`: who the child's requests outside any call go to (a per-session child's session, fleet.py).
+        self.dialect = dialect_for(name, config, owner)
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed
         # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
@@ -109,6 +112,19 @@ class ToolServer:
         self.retired: str | None = None
         self._quiet = asyncio.Event()
         self._quiet.set()
+
+    # One child, shared by whoever reaches this server (a per-client or per-session one is a Fleet's, fleet.py).
+    isolation = "shared"
+
+    @property
+    def processes(self) -> list[ToolServer]:
+        """The servers whose children this one runs: itself."""
+        return [self]
+
+    @property
+    def dormant(self) -> bool:
+        """No child, and no call running or waiting: dropping this server loses nothing."""
+        return self._conn is None and not self._active and not self._waiting and self.state is not State.STARTING
 
     def _set_tools(self, tools: list[ToolDef] | None) -> None:
         """Cache the child's tool list (None: stale) with a name index for the hot path."""
@@ -378,6 +394,15 @@ class ToolServer:
         finally:
             self._release(delivery.client)
         return True
+
+    async def roots_changed(self, session: str) -> None:
+        """A shared child never holds one session's roots (fleet.py's children may): nothing to tell."""
+
+    async def tell_roots_changed(self) -> None:
+        """Tell the running child its client's roots changed, if it ever asked for them."""
+        conn = self._conn
+        if conn is not None and conn.alive and self.dialect.asked_roots:
+            await conn.notify("notifications/roots/list_changed")
 
     async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
