@@ -5,7 +5,9 @@ Every error a caller can see is a `GatewayError` subclass carrying its JSON-RPC 
 into a JSON-RPC error object; `refusal()` is the single place that turns a refusal made below
 the web layer (no token, too many sessions) into its HTTP answer, and the web layer turns
 `HttpError` into a status code.
-Errors a tool server returned itself travel as `UpstreamError`, verbatim.
+Errors a tool server returned itself travel as `UpstreamError`, verbatim; every error says whose it is
+(`source`: the gateway's, or the tool server's own) and which code the caller got (`caller_code`), for the
+audit log and the metrics.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
 # Gateway codes live in the implementation-defined range -32000..-32019.
+TOOL_ERROR = -32010
+# A failed MCP tool's text is its error's message up to this length; the whole result is in `data.result`.
+TOOL_ERROR_MESSAGE_CHARS = 1000
 TOOL_SERVER_UNAVAILABLE = -32011
 CALL_TIMED_OUT = -32012
 AUDIT_UNAVAILABLE = -32013
@@ -37,6 +42,8 @@ class GatewayError(Exception):
     retryable: ClassVar[bool] = False
     # Standard JSON-RPC errors carry no gateway `data` unless given some.
     structured: ClassVar[bool] = True
+    # Whose error it is: the gateway's own, or a tool server's (UpstreamError).
+    source: ClassVar[str] = "gateway"
 
     def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -51,6 +58,10 @@ class GatewayError(Exception):
         elif self.data:
             error["data"] = self.data
         return error
+
+    def caller_code(self) -> Any:
+        """The code the caller is answered with."""
+        return self.code
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, data={self.data!r})"
@@ -182,9 +193,11 @@ class RequestCancelled(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """A JSON-RPC error returned by a tool server, passed to the caller verbatim."""
+    """A JSON-RPC error returned by a tool server, passed to the caller verbatim: the tool server's error."""
 
+    error_type = "tool_error"
     structured = False
+    source = "tool_server"
 
     def __init__(self, error: dict[str, Any]) -> None:
         super().__init__(str(error.get("message", "")), None)
@@ -193,6 +206,22 @@ class UpstreamError(GatewayError):
     def to_wire(self) -> dict[str, Any]:
         """The server's own error object, unchanged."""
         return self.error
+
+    def caller_code(self) -> Any:
+        return self.error.get("code")
+
+
+class ToolFailed(UpstreamError):
+    """A direct call of an MCP tool that failed (`isError: true`): on the direct route a tool's failure is a JSON-RPC
+    error, whatever the server's protocol, its text as the message and the tool's own result in `data.result`."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        content = result.get("content")
+        texts = [item["text"] for item in content if isinstance(item, dict) and isinstance(item.get("text"), str)] \
+            if isinstance(content, list) else []
+        message = " ".join(texts)[:TOOL_ERROR_MESSAGE_CHARS] or "the tool failed"
+        super().__init__({"code": TOOL_ERROR, "message": message,
+                          "data": {"error_type": self.error_type, "retryable": False, "result": result}})
 
 
 class HttpError(Exception):

@@ -27,7 +27,7 @@ from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
 from gatewayd.confirmation import ConfirmationGate
-from gatewayd.errors import GatewayError, InternalError, InvalidParams, Overloaded
+from gatewayd.errors import GatewayError, InternalError, InvalidParams, Overloaded, UpstreamError
 from gatewayd.forwarding import forward, send
 from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Notification, Request, Response
@@ -149,12 +149,17 @@ class Gateway:
                     await self.gate.confirm(call, confirm)
                 result = await forward(call, target, still_allowed(call, target, self.records), self.relay)
         except GatewayError as exc:
-            self.records.outcome(call, exc.error_type, error_code=exc.code)
+            # What the caller got, and whose error it was: a tool server's own error is not the gateway's failure.
+            self.records.outcome(call, exc.error_type, error_code=exc.caller_code(), error_source=exc.source)
             raise
         except asyncio.CancelledError:
             self.records.outcome(call, "cancelled")
             raise
-        self.records.outcome(call, _status(result))
+        if isinstance(result, dict) and result.get("isError") is True:
+            # A tool's own failure, answered as a result (tools/call): the caller got no error code.
+            self.records.outcome(call, UpstreamError.error_type, error_source=UpstreamError.source)
+        else:
+            self.records.outcome(call, "ok")
         return result
 
     async def _surface(self, ctx: CallContext, message: Request) -> Any:
@@ -266,11 +271,6 @@ def _tool_call(ctx: CallContext, message: Request) -> Call:
     if "task" in params and not isinstance(params["task"], dict):
         raise InvalidParams("tools/call params.task must be an object")
     return Call(ctx, calls.TOOLS_CALL, message.id, name, params, arguments, params.get("_meta"))
-
-
-def _status(result: Any) -> str:
-    """The outcome a result is recorded as: a tool's own failure is not the gateway's."""
-    return "tool_error" if isinstance(result, dict) and result.get("isError") is True else "ok"
 
 
 def _set_level(ctx: CallContext, params: Any) -> dict[str, Any]:

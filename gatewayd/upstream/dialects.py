@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import ToolServerUnavailable, UpstreamError
+from gatewayd.errors import ToolFailed, ToolServerUnavailable, UpstreamError
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
@@ -153,8 +153,11 @@ class McpDialect(Dialect):
         )
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
-        # A direct `server.tool` call of an MCP server is its tool call.
-        return await self.call_tool(conn, method, params, timeout, how)
+        # A direct `server.tool` call of an MCP server is its tool call; on this route a tool's failure is an error.
+        result = await self.call_tool(conn, method, params, timeout, how)
+        if isinstance(result, dict) and result.get("isError") is True:
+            raise ToolFailed(result)
+        return result
 
     def can_notify(self, method: str) -> bool:
         return False
