@@ -12,7 +12,7 @@ Owns the pipeline every call to a tool server runs, in this order, each step in 
 and turning what a step raises into the caller's JSON-RPC answer. Resource, prompt and completion calls
 (surfaces.py) run the same pipeline, routed to the server that owns their URI, prompt or reference; so do
 `tasks/get`, `tasks/result` and `tasks/cancel` (tasks.py), routed to the server holding the task and decided as
-the tool that created it.
+the tool that created it. `rpc.discover` answers the client's OpenRPC document (discovery.py).
 Does not own HTTP or sessions (web/), the policy (policy.py) or tool servers (upstream/).
 """
 
@@ -22,7 +22,7 @@ import asyncio
 import logging
 from typing import Any
 
-from gatewayd import __version__, calls, jsonrpc, surfaces, tasks
+from gatewayd import __version__, calls, discovery, jsonrpc, surfaces, tasks
 from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
@@ -131,6 +131,8 @@ class Gateway:
             return await self._surface(ctx, message)
         if method in tasks.METHODS:
             return await self._task(ctx, message)
+        if method == discovery.METHOD:
+            return await discovery.document(ctx.current_principal(), ctx.servers)
         return await self._call(calls.direct(ctx, calls.DIRECT, message.id, method, message.params))
 
     # -- the pipeline ----------------------------------------------------------------------
