@@ -128,6 +128,8 @@ class Daemon:
             state.sessions.broadcast_close()
             # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
             await state.inflight.drain(self.settings.shutdown_grace if grace is None else grace)
+            # Approvals whose calls would have been sent again are withdrawn, and recorded so, before the log closes.
+            await state.gateway.gate.close()
             if self._serving:
                 await self._runner.cleanup()
         finally:

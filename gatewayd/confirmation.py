@@ -5,19 +5,34 @@ through approvals.py), the caller's own user too when its session can answer an 
 the call's stream; the `approval_pending` notice to an SSE caller; withdrawing the question when the
 caller disconnects or its session ends; the client's answers to the elicitations it was sent; an
 operator's "allow again" that lets the very same call run without asking; and the error a caller
-gets when the answer is no. Does not own the registry of approvals (approvals.py) or their audit
-records' shape (records.py).
+gets when the answer is no. Also how a caller that cannot hold its request open (a plain JSON
+caller behind an HTTP timeout) waits instead: with `_meta["io.gatewayd/approval"] = "retry"` the
+call is answered at once with `-32018` and the approval id, the approval stays pending without the
+connection (this gate owns the task that waits for its decision and records it), and the very same
+call sent again — same client, method and canonical arguments — gets the same `-32018` while it is
+pending, runs once it is approved (exactly once: the first such call takes it), and gets the denial or
+expiry once that is the answer. Does not own the registry of approvals (approvals.py) or their
+audit records' shape (records.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
+import time
 from collections.abc import Callable
 
 from gatewayd import approvals, display
 from gatewayd.calls import Call, CallContext, request_key
 from gatewayd.config.models import ConfirmOptions
-from gatewayd.errors import ConfirmationDenied, ConfirmationExpired, RequestCancelled
+from gatewayd.errors import (
+    AuditUnavailable,
+    ConfirmationDenied,
+    ConfirmationExpired,
+    ConfirmationPending,
+    RequestCancelled,
+)
 from gatewayd.jsonrpc import Response
 from gatewayd.records import Records
 
@@ -35,18 +50,40 @@ ELICIT_SCHEMA = {
     }},
     "required": [ELICIT_FIELD],
 }
+# The `_meta` key and value by which a caller asks to be answered at once and to send the call again (above).
+RETRY_KEY = "io.gatewayd/approval"
+RETRY = "retry"
+# A decided approval waits this long for the call to be sent again; then it is forgotten (an approved call would need
+# a new approval): a person approved running it soon, not whenever the caller comes back.
+RETRY_WITHIN = 600.0
+# Decided approvals waiting for their call to come back; past this the oldest is forgotten (memory stays bounded
+# however many callers never come back).
+MAX_DECIDED_WAITING = 1000
+
+# Recording those approvals' withdrawal when the daemon stops is a few fsyncs; a stuck disk must not hold the stop.
+CLOSE_WAIT = 5.0
+# (client, canonical method, params hash): the call an approval a caller will send again belongs to.
+RetryKey = tuple[str, str, str]
 
 
 class ConfirmationGate:
     """Holds calls until a person answers; `answer` takes a client's reply to an elicitation it was sent."""
 
-    def __init__(self, registry: approvals.Approvals, records: Records) -> None:
+    def __init__(self, registry: approvals.Approvals, records: Records,
+                 max_decided: int = MAX_DECIDED_WAITING) -> None:
         self.approvals = registry
         self.records = records
         # Where a person can approve on the web, told to waiting callers (None: no page).
         self.approval_url: str | None = None
         # Elicitations sent to callers, by (client, session id, request id): who gets the client's answer.
         self._elicitations: dict[tuple[str, str, str], Callable[[Response], None]] = {}
+        # Approvals of calls that will be sent again, pending or decided, by the call they belong to…
+        self._parked: dict[RetryKey, approvals.Approval] = {}
+        # …those decided, with when (monotonic), oldest first…
+        self._decided: collections.OrderedDict[RetryKey, float] = collections.OrderedDict()
+        self.max_decided = max_decided
+        # …and the tasks that wait for the pending ones' decisions (this gate owns them: `close` ends them).
+        self._settling: set[asyncio.Task[None]] = set()
 
     async def confirm(self, call: Call, options: ConfirmOptions) -> None:
         """Return once a person approved the call; raise if they deny it, nobody answers, or the caller goes.
@@ -54,6 +91,9 @@ class ConfirmationGate:
         A call an operator allowed again (same client, method and arguments, within the time they gave) is
         approved without asking.
         """
+        if _sends_again(call.meta):
+            await self._confirm_by_retry(call, options)
+            return
         ctx = call.ctx
         channels = frozenset(options.channels)
         ask_client = approvals.CLIENT in channels and ctx.emit is not None and ctx.session is not None \
@@ -85,6 +125,92 @@ class ConfirmationGate:
                 self.approvals.withdraw(approval, "the call ended before an answer")
         await self.records.approval(call, "approval_decided", approval)
         _raise_unless_approved(approval)
+
+    async def _confirm_by_retry(self, call: Call, options: ConfirmOptions) -> None:
+        """Return if this call's approval was given (using it up), or an operator allowed it again; else raise: the
+        pending error (opening the approval if there is none), or the denial or expiry."""
+        key = (call.ctx.principal.name, call.method, call.params_sha256())
+        approval = self._parked_for(key)
+        if approval is not None:
+            if approval.state is approvals.State.PENDING:
+                raise self._pending(approval)
+            # Used up before anything awaits: of two calls sent again at once, only one may run.
+            self._forget(key)
+            if approval.state is approvals.State.APPROVED:
+                await self.records.approval(call, "approval_used", approval)
+                return
+            _raise_unless_approved(approval)
+        approval = self.approvals.open(
+            client=call.ctx.principal.name, method=call.method, arguments=call.arguments,
+            params_sha256=key[2], session_id=call.ctx.session.id if call.ctx.session else None,
+            channels=frozenset(options.channels) - {approvals.CLIENT}, timeout=options.timeout,
+        )
+        # Parked before anything awaits: the same call sent again meanwhile finds this approval, not a new one.
+        self._parked[key] = approval
+        try:
+            await self.records.approval(call, "approval_requested", approval)
+        except BaseException:
+            self._forget(key)
+            self.approvals.withdraw(approval, "the call ended before an answer")
+            raise
+        standing = self.approvals.standing_for(approval)
+        if standing is not None:
+            self._forget(key)
+            self.approvals.approve_standing(approval, standing)
+            await self.records.approval(call, "approval_decided", approval)
+            return
+        settle = asyncio.create_task(self._settle(call, key, approval), name=f"approval {approval.id}")
+        self._settling.add(settle)
+        settle.add_done_callback(self._settling.discard)
+        raise self._pending(approval)
+
+    def _parked_for(self, key: RetryKey) -> approvals.Approval | None:
+        """The approval of this call, unless it was decided longer than RETRY_WITHIN ago (then it is forgotten)."""
+        decided = self._decided.get(key)
+        if decided is not None and time.monotonic() - decided > RETRY_WITHIN:
+            self._forget(key)
+            return None
+        return self._parked.get(key)
+
+    def _forget(self, key: RetryKey) -> None:
+        self._parked.pop(key, None)
+        self._decided.pop(key, None)
+
+    async def _settle(self, call: Call, key: RetryKey, approval: approvals.Approval) -> None:
+        """Wait for the decision of an approval whose call will come back (expiring it at its deadline), record it,
+        and keep it for the call's return."""
+        await self.approvals.wait(approval)
+        if self._parked.get(key) is approval:
+            self._decided[key] = time.monotonic()
+            while len(self._decided) > self.max_decided:
+                oldest, _ = self._decided.popitem(last=False)
+                self._parked.pop(oldest, None)
+        try:
+            await self.records.approval(call, "approval_decided", approval)
+        except AuditUnavailable as exc:
+            logger.error("approval %s %s, not recorded: %s", approval.id, approval.state.value, exc.message)
+
+    def _pending(self, approval: approvals.Approval) -> ConfirmationPending:
+        """The answer to a call whose approval is pending: which approval, until when, and where to approve it."""
+        data: dict[str, object] = {"approval_id": approval.id, "deadline": approval.deadline,
+                                   "approve_with": f"gatewayctl approve {approval.id}"}
+        if self.approval_url and approvals.WEB in approval.channels:
+            data["approval_page"] = self.approval_url
+        return ConfirmationPending(f"{approval.method} waits for a person's confirmation (approval {approval.id}): "
+                                   "send the same call again once it is approved", data)
+
+    async def close(self) -> None:
+        """The daemon stops: the approvals of calls that would have come back are withdrawn, and recorded so."""
+        for approval in list(self._parked.values()):
+            self.approvals.withdraw(approval, "the daemon stopped")
+        settling = list(self._settling)
+        try:
+            async with asyncio.timeout(CLOSE_WAIT):
+                await asyncio.gather(*settling, return_exceptions=True)
+        except TimeoutError:
+            for task in settling:
+                task.cancel()
+            await asyncio.gather(*settling, return_exceptions=True)
 
     def answer(self, ctx: CallContext, message: Response) -> None:
         """A client's response to a request the gateway sent it (an elicitation); anything else is dropped."""
@@ -144,6 +270,11 @@ class ConfirmationGate:
                       "params": {"requestId": request_id, "reason": f"approval {approval.state.value}"}})
 
         return withdraw_question
+
+
+def _sends_again(meta: object) -> bool:
+    """Whether the caller asked to be answered at once and to send the call again (RETRY_KEY)."""
+    return isinstance(meta, dict) and meta.get(RETRY_KEY) == RETRY
 
 
 def _elicitation_verdict(response: Response) -> tuple[bool, str | None]:

@@ -32,6 +32,7 @@ OVERLOADED = -32014
 CONFIRMATION_DENIED = -32015
 CONFIRMATION_EXPIRED = -32016
 REQUEST_CANCELLED = -32017
+CONFIRMATION_PENDING = -32018
 
 
 class GatewayError(Exception):
@@ -137,6 +138,15 @@ class ConfirmationExpired(GatewayError):
 
     code = CONFIRMATION_EXPIRED
     error_type = "confirmation_expired"
+    retryable = True
+
+
+class ConfirmationPending(GatewayError):
+    """Raised, at once, for a call whose caller asked not to be held while a person decides: `data` has the approval
+    id and where to approve it; the very same call sent again runs once it is approved (confirmation.py)."""
+
+    code = CONFIRMATION_PENDING
+    error_type = "confirmation_pending"
     retryable = True
 
 
