@@ -35,6 +35,8 @@ _CALL_TOOL_RESULT: dict[str, Any] = {
 _CONFIRM_ERRORS = [
     {"code": errors.CONFIRMATION_DENIED, "message": "a person denied the call"},
     {"code": errors.CONFIRMATION_EXPIRED, "message": "nobody confirmed the call in time"},
+    {"code": errors.CONFIRMATION_PENDING,
+     "message": 'waits for a person (asked with _meta {"io.gatewayd/approval": "retry"}): send the same call again'},
 ]
 _MCP_TOOL_ERRORS = [{"code": errors.TOOL_ERROR, "message": "the tool failed (data.result: its CallToolResult)"}]
 

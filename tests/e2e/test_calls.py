@@ -142,3 +142,53 @@ async def test_a_gateway_error_is_recorded_as_the_gateways(tmp_path: Path, http:
     [record] = outcomes(tmp_path)
     assert (record["status"], record["error_code"], record["error_source"]) == (
         "tool_server_unavailable", -32011, "gateway")
+
+
+RETRY = {"io.gatewayd/approval": "retry"}
+# The plain JSON caller of the issue: it gives up on any request after this long.
+CALLER_TIMEOUT = 5.0
+
+
+async def test_a_json_caller_with_a_short_timeout_sends_a_gated_call_again_until_it_runs(
+    shipped: tuple[Daemon, str]
+) -> None:
+    daemon, token = shipped
+    run = {"command": "echo approved later"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CALLER_TIMEOUT)) as http:
+        first = await rpc(http, daemon.url, token, "shell.run", {**run, "_meta": RETRY}, id="first")
+        error = first["error"]
+        assert error["code"] == -32018 and error["data"]["retryable"] is True
+        approval_id = error["data"]["approval_id"]
+        assert error["data"]["approve_with"] == f"gatewayctl approve {approval_id}"
+        assert error["data"]["approval_page"].endswith("/approvals")
+    # The caller is gone, its connection closed: the approval still waits.
+    code, out, err = await gatewayctl(daemon.config_dir, "approvals", "--json")
+    assert code == 0, err
+    [pending] = json.loads(out)
+    assert (pending["id"], pending["state"], pending["arguments"]) == (approval_id, "pending", run)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CALLER_TIMEOUT)) as http:
+        again = await rpc(http, daemon.url, token, "shell.run", {**run, "_meta": RETRY}, id="again")
+        assert again["error"]["code"] == -32018 and again["error"]["data"]["approval_id"] == approval_id
+        # Other arguments are another call: another approval.
+        other = await rpc(http, daemon.url, token, "shell.run", {"command": "echo other", "_meta": RETRY})
+        assert other["error"]["code"] == -32018 and other["error"]["data"]["approval_id"] != approval_id
+        code, out, err = await gatewayctl(daemon.config_dir, "approve", approval_id)
+        assert code == 0, err
+        ran = await rpc(http, daemon.url, token, "shell.run", {**run, "_meta": RETRY}, id="ran")
+        assert ran["result"]["structuredContent"] == {"exit_code": 0, "output": "approved later\n"}
+        # Once only: the same call again needs a new approval.
+        next_time = await rpc(http, daemon.url, token, "shell.run", {**run, "_meta": RETRY}, id="next")
+        assert next_time["error"]["code"] == -32018 and next_time["error"]["data"]["approval_id"] != approval_id
+        # Denied: the call sent again is told so.
+        denied_id = other["error"]["data"]["approval_id"]
+        code, _, err = await gatewayctl(daemon.config_dir, "deny", denied_id, "--reason", "not that")
+        assert code == 0, err
+        denied = await rpc(http, daemon.url, token, "shell.run", {"command": "echo other", "_meta": RETRY})
+        assert denied["error"]["code"] == -32015 and denied["error"]["data"]["reason"] == "not that"
+    await eventually(lambda: any(r["request_id"] == "ran" for r in outcomes(daemon.config_dir)), what="outcome")
+    used = [r for r in _records(daemon.config_dir) if r["event"] == "approval_used"]
+    assert [(r["approval_id"], r["request_id"]) for r in used] == [(approval_id, "ran")]
+
+
+def _records(config_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (config_dir / "audit.jsonl").read_text().splitlines() if line.strip()]
