@@ -4,8 +4,9 @@ Owns the registry of pending confirmations, their ids and deadlines, the exactly
 (the first of approve, deny, expiry and withdrawal wins; the others are told what happened),
 which channels may answer an approval, and telling watchers (the web page's live list) about
 every change. An approval belongs to one call: its client, method and the hash of its canonical
-arguments. It is used once, by that call; another call, even with the same arguments, needs its
-own. Does not own how the question reaches a person (gateway.py: elicitation; admin.py:
+arguments. It is used once, by that call (or, when its caller asked to send the call again, by the
+first identical call sent again: confirmation.py); another call, even with the same arguments, needs
+its own. Does not own how the question reaches a person (gateway.py: elicitation; admin.py:
 gatewayctl; web/console.py: the page) nor the audit records (gateway.py).
 """
 
