@@ -160,3 +160,22 @@ def test_an_unknown_isolation_is_a_config_error_naming_file_and_key(tmp_path: Pa
     with pytest.raises(ConfigInvalid) as error:
         load_snapshot(tmp_path)
     assert "tools.d/mine.toml" in str(error.value) and "isolation" in str(error.value)
+
+
+async def test_an_owner_s_child_passes_on_only_what_concerns_its_owner(tmp_path: Path, fleets: list[Fleet]) -> None:
+    tools_changed: list[str] = []
+    events: list[str] = []
+    config = {"command": [sys.executable, str(FAULTSRV)], "protocol": "jsonrpc", "idle_timeout": 0,
+              "methods": FAULT_METHODS, "isolation": "client"}
+    server = Fleet("fault", ServerConfig.model_validate(config), tmp_path, ChildBudget(4), tools_changed.append,
+                   on_surface_event=lambda _name, message: events.append(str(message["method"])))
+    fleets.append(server)
+    await pid(server, by("a"))
+    [child] = server.processes[1:]
+    # As the child's own stdout would deliver them (Connection → ToolServer._on_notification).
+    for method in ("notifications/tools/list_changed", "notifications/resources/list_changed",
+                   "notifications/prompts/list_changed", "notifications/resources/updated",
+                   "notifications/tasks/status"):
+        child._on_notification({"jsonrpc": "2.0", "method": method, "params": {"uri": "x://y", "taskId": "t"}})
+    assert tools_changed == []
+    assert events == ["notifications/resources/updated", "notifications/tasks/status"]
