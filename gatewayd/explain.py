@@ -13,7 +13,7 @@ from typing import Any
 from gatewayd import surfaces
 from gatewayd.config.loader import Snapshot
 from gatewayd.policy import Decision, confirm_options, confirm_required, decide, principal_for
-from gatewayd.upstream.dialects import dialect_for
+from gatewayd.upstream.protocols import dialect_for
 
 # What each canonical surface name grants (surfaces.py), for the operator.
 SURFACE_GRANTS = {

@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 from gatewayd import __version__, calls, jsonrpc, surfaces, tasks
+from gatewayd.agents import Agents
 from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
@@ -55,6 +56,8 @@ class Gateway:
         self.inflight = inflight
         # The requests tool servers send callers during their calls (sampling, elicitation, roots).
         self.relay = relay if relay is not None else Relay(records)
+        # What ACP agents ask during their turns, answered for the turn's caller (agents.py).
+        self.agents = Agents(records, gate)
         # The tasks children hold for clients (tasks.py).
         self.tasks = tasks.Tasks()
         # Cancellations of tasks the table had no room for, running.
@@ -147,7 +150,8 @@ class Gateway:
             with self.inflight.track(call):
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
-                result = await forward(call, target, still_allowed(call, target, self.records), self.relay)
+                result = await forward(call, target, still_allowed(call, target, self.records), self.relay,
+                                       self.agents)
         except GatewayError as exc:
             self.records.outcome(call, exc.error_type, error_code=exc.code)
             raise

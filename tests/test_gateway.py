@@ -107,6 +107,7 @@ class Scripted:
         return self.notifies
 
     isolation = "shared"
+    protocol = "mcp"
 
     async def roots_changed(self, session: str) -> None:
         self.received.append(("roots_changed", session, None))

@@ -50,6 +50,9 @@ class MethodConfig(_Strict):
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     timeout: Duration | None = None
+    # A call that may run for long as long as it reports (an agent's turn): it ends after this much silence (no
+    # progress, no update), `timeout` (or the server's `call_timeout`) staying its hard cap.
+    activity_timeout: Duration | None = None
     notification: bool = False
     # Needs a person's confirmation whatever the policies say; no policy can waive it.
     confirm: bool = False
@@ -64,7 +67,7 @@ class ServerConfig(_Strict):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    protocol: Literal["mcp", "jsonrpc"] = "mcp"
+    protocol: Literal["mcp", "jsonrpc", "acp"] = "mcp"
     start: Literal["on-demand", "eager"] = "on-demand"
     idle_timeout: Duration = 600.0
     call_timeout: Duration = 30.0
@@ -159,6 +162,11 @@ class ServerConfig(_Strict):
         if declared is not None and declared.timeout is not None:
             return declared.timeout
         return self.call_timeout
+
+    def silence_for(self, method: str) -> float | None:
+        """How long a call of `method` may go without reporting before it ends (None: only its deadline)."""
+        declared = self.methods.get(method)
+        return declared.activity_timeout if declared is not None else None
 
 
 Scalar = str | int | float | bool

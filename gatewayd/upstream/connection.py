@@ -29,8 +29,8 @@ class Connection:
     any output so idle detection follows what the child does, not wall time; `on_exit` is called
     once the child has exited, before the calls pending on it fail; `on_request` answers a request
     the child sends (the reply to write back, or None), by default `peer.default_reply`.
-    `call`, `notify`, `new_id`, `fail_calls`, `reply` (a reply `on_request` left for later) and `pending_for`
-    (the call a request of the child belongs to) are the peer's (see peer.Peer).
+    `call`, `notify`, `new_id`, `fail_calls`, `reply` (a reply `on_request` left for later), `pending_for`
+    (the call a request of the child belongs to) and `touch` (a call's activity) are the peer's (see peer.Peer).
     """
 
     def __init__(
@@ -71,6 +71,8 @@ class Connection:
         self.fail_calls = peer.fail_calls
         self.reply = peer.reply
         self.pending_for = peer.pending_for
+        self.touch = peer.touch
+        self.hold = peer.hold
 
     @property
     def pid(self) -> int:

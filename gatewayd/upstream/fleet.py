@@ -70,6 +70,7 @@ class Fleet:
         self.config = config
         self.config_dir = config_dir
         self.isolation = config.isolation
+        self.protocol = config.protocol
         self._budget = budget
         self._generation = generation
         self._on_tools_changed = on_tools_changed

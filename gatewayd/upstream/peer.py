@@ -64,6 +64,13 @@ class PendingCall:
     started: float = field(default_factory=time.monotonic)
     # Who the child's own requests during this call are put to (relay.py); None: nobody.
     caller: Any = None
+    # A call whose deadline follows its activity (an agent's turn): how long it may stay silent, and the deadline
+    # `Peer.touch` re-arms.
+    silence: float | None = None
+    quiet: Any = None
+    # Waits of the call's own that are not its silence (an agent waiting for a person's answer): while any is on,
+    # the silence deadline is off.
+    held: int = 0
 
 
 @dataclass
@@ -231,12 +238,14 @@ class Peer:
         request_id: int | None = None,
         cancel_on_timeout: bool = False,
         caller: Any = None,
+        silence: float | None = None,
     ) -> Any:
         """Send a request and wait for its result.
 
         Raises UpstreamError (the child's own error), CallTimedOut, or ToolServerUnavailable.
         On timeout or cancellation the call is forgotten and, if `cancel_on_timeout`, the child
-        gets `notifications/cancelled`. `caller` is kept with the call for `pending_for`.
+        gets `notifications/cancelled`. `caller` is kept with the call for `pending_for`. With `silence`, the call
+        also ends once that many seconds pass without `touch` (its activity), `timeout` staying its hard cap.
         """
         call_id = request_id if request_id is not None else self.new_id()
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": call_id, "method": method}
@@ -249,16 +258,24 @@ class Peer:
             self._check_backlog(backlog, method)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._write(message)
-        self._pending[call_id] = PendingCall(method, future, on_event, caller=caller)
+        pending = self._pending[call_id] = PendingCall(method, future, on_event, caller=caller)
         # The deadline fails the future itself, rather than a timeout scope around the await (measurably cheaper).
         deadline = self._deadlines.call_later(timeout, _expire, future)
+        if silence is not None and silence < timeout:
+            pending.silence = silence
+            pending.quiet = self._deadlines.call_later(silence, _fall_silent, future)
         try:
             if backlog:
                 await self._drain_or_deadline(future)
             return await future
-        except _Expired:
+        except _Expired as expired:
             if cancel_on_timeout:
                 await self._send_cancel(call_id, "timed out")
+            if isinstance(expired, _Silent):
+                raise CallTimedOut(
+                    f"tool server {self.name!r} reported nothing on {method} for {silence:g}s",
+                    {"server": self.name, "method": method, "timeout": silence, "silent": True},
+                ) from None
             raise CallTimedOut(
                 f"tool server {self.name!r} did not answer {method} within {timeout:g}s",
                 {"server": self.name, "method": method, "timeout": timeout},
@@ -269,7 +286,27 @@ class Peer:
             raise
         finally:
             deadline.cancel()
+            if pending.quiet is not None:
+                pending.quiet.cancel()
             self._pending.pop(call_id, None)
+
+    def touch(self, call_id: int) -> None:
+        """The call `call_id` showed activity (an update about it): its silence deadline starts again."""
+        pending = self._pending.get(call_id)
+        if pending is None or pending.silence is None or pending.future.done():
+            return
+        pending.quiet.cancel()
+        if not pending.held:
+            pending.quiet = self._deadlines.call_later(pending.silence, _fall_silent, pending.future)
+
+    def hold(self, call_id: int, on: bool) -> None:
+        """The call `call_id` starts (`on`) or ends a wait that is not silence: its silence deadline is off while any
+        such wait is on, and starts again when the last one ends."""
+        pending = self._pending.get(call_id)
+        if pending is None or pending.silence is None:
+            return
+        pending.held += 1 if on else -1
+        self.touch(call_id)
 
     async def _drain_or_deadline(self, future: asyncio.Future[Any]) -> None:
         """Wait for the child's stdin to take what waits in front of it, but not past the call's deadline (or
@@ -489,6 +526,15 @@ class _Expired(Exception):
     """A call's deadline passed: set on its future by its timer."""
 
 
+class _Silent(_Expired):
+    """A call whose deadline follows its activity stayed silent too long."""
+
+
 def _expire(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_exception(_Expired())
+
+
+def _fall_silent(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Silent())

@@ -32,7 +32,7 @@ from gatewayd.errors import (
 )
 from gatewayd.upstream.api import ANYONE, Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
-from gatewayd.upstream.dialects import dialect_for
+from gatewayd.upstream.protocols import dialect_for
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,11 @@ class ToolServer:
 
     # One child, shared by whoever reaches this server (a per-client or per-session one is a Fleet's, fleet.py).
     isolation = "shared"
+
+    @property
+    def protocol(self) -> str:
+        """What the child speaks (its dialect's name)."""
+        return self.dialect.protocol
 
     @property
     def processes(self) -> list[ToolServer]:
@@ -313,6 +318,8 @@ class ToolServer:
             self.state = State.STOPPED
 
     def _on_notification(self, message: dict[str, Any]) -> None:
+        if self.dialect.on_notification(message):
+            return
         method = message.get("method")
         if method == "notifications/tools/list_changed":
             self._set_tools(None)
@@ -390,7 +397,7 @@ class ToolServer:
             return False
         conn, _ = await self._running_in_slot(method, delivery)
         try:
-            await conn.notify(method, params)
+            await self.dialect.notify(conn, method, params, delivery)
         finally:
             self._release(delivery.client)
         return True
@@ -407,7 +414,7 @@ class ToolServer:
     async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
         its deadline."""
-        timeout = self.config.timeout_for(method)
+        timeout = self.config.timeout_for(self.dialect.settings_name(method))
         if delivery.timeout is not None and delivery.timeout < timeout:
             timeout = delivery.timeout
         await self._admit(timeout, delivery.client)
