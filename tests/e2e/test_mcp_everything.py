@@ -36,7 +36,6 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import (
     BlobResourceContents,
-    CallToolRequest,
     CallToolRequestParams,
     CallToolResult,
     CreateMessageResult,
@@ -270,7 +269,7 @@ async def create_task(sdk: Client, arguments: dict[str, Any]) -> CreateTaskResul
     `send_request` checks a `tools/call` answer against CallToolResult and so refuses the CreateTaskResult."""
     params = CallToolRequestParams(name=PREFIX + "simulate-research-query", arguments=arguments,
                                    task=TaskMetadata(ttl=60_000))
-    raw = await sdk.session._dispatcher.send_raw_request(  # noqa: SLF001 - the SDK has no public way (see above)
+    raw = await sdk.session._dispatcher.send_raw_request(  # the SDK has no public way (see above)
         "tools/call", params.model_dump(by_alias=True, mode="json", exclude_none=True), {"timeout": SDK_READ_TIMEOUT})
     return CreateTaskResult.model_validate(raw)
 
