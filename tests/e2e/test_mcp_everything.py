@@ -152,7 +152,8 @@ async def test_the_tools_listed_are_those_it_lists_to_the_sdk_directly(daemon: t
     for name, tool in own.items():
         assert listed[PREFIX + name].input_schema == tool.input_schema
         assert listed[PREFIX + name].execution == tool.execution
-    assert listed[PREFIX + "simulate-research-query"].execution.task_support == "required"
+    execution = listed[PREFIX + "simulate-research-query"].execution
+    assert execution is not None and execution.task_support == "required"
 
 
 async def test_plain_tools_answer(daemon: tuple[Daemon, str]) -> None:
@@ -216,8 +217,8 @@ async def test_the_toggles_switch_on_and_off(daemon: tuple[Daemon, str]) -> None
 async def test_a_long_running_operation_reports_progress(daemon: tuple[Daemon, str]) -> None:
     steps: list[tuple[float, float | None]] = []
 
-    async def progress(done: float, total: float | None, _message: str | None) -> None:
-        steps.append((done, total))
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        steps.append((progress, total))
 
     async with client(daemon) as sdk:
         result = await sdk.call_tool(PREFIX + "trigger-long-running-operation", {"duration": 0.6, "steps": 3},
@@ -280,7 +281,7 @@ async def run_task(sdk: Client, arguments: dict[str, Any]) -> tuple[list[str], C
     created = await create_task(sdk, arguments)
     task_id = created.task.task_id
     assert task_id.startswith("gw-")
-    seen = [created.task.status]
+    seen: list[str] = [created.task.status]
     deadline = time.monotonic() + TASK_DEADLINE
     while seen[-1] not in ("completed", "failed", "cancelled", "input_required"):
         assert time.monotonic() < deadline, seen
