@@ -155,7 +155,7 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     records = Records(audit_log, metrics)
     catalog = Catalog(settings.tool_name_separator)
     gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, Surfaces(catalog),
-                      Relay(records))
+                      Relay(records, settings.relay_timeout))
     state = DaemonState(settings, Generation.first(snapshot, pool), pool, gateway, sessions, registry, inflight,
                         audit_log, metrics)
     return state

@@ -136,6 +136,9 @@ class Settings(BaseSettings):
     watch_config: bool = Field(True, description="reload when files under tools.d/ or policies/ change")
     # A reload that changes or removes a server lets its calls in flight finish on the old child this long.
     reload_drain: float = Field(60.0, ge=0, description="seconds a replaced server's calls may run after a reload")
+    # A tool server's question put to a caller (relay.py) waits this long for the client's answer; the call's own
+    # timeout may end it first. Long by default: a person may be answering it.
+    relay_timeout: float = Field(300.0, gt=0, description="seconds a relayed request waits for the client's answer")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
     shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
 

@@ -226,8 +226,10 @@ class McpDialect(Dialect):
         meta = _meta(how, call_id)
         if meta:
             sent["_meta"] = meta
+        # The caller goes along: a child may ask it something during any request (a task's questions come during
+        # `tasks/result`, related to the task), and the relay decides as for a tool call.
         return await conn.call(method, sent, timeout=timeout, on_event=how.on_event, request_id=call_id,
-                               cancel_on_timeout=True)
+                               cancel_on_timeout=True, caller=how.caller)
 
 
 class JsonRpcDialect(Dialect):

@@ -4,7 +4,10 @@ Owns: the gateway's request ids toward the child, the table of calls waiting for
 their deadlines, matching responses to them, the child's requests (answered by `on_request`, or
 by `default_reply`) and notifications (routed to the call they belong to, or to the owner), and
 failing the calls pending when the child is gone (with how it ended, never its stderr: the child
-is every client's, its stderr is in the daemon's log).
+is every client's, its stderr is in the daemon's log). A request of the child whose id is not a string
+or an integer is answered `-32600` (id null); one reusing the id of a request of its own still waiting
+for a reply left for later is answered `-32600` at once, and the first one is unharmed: only it gets the
+later reply.
 Also the bounds a misbehaving child meets on this side: its requests are answered at most
 CHILD_REQUEST_RATE a second (the rest dropped unanswered), and once STDIN_BACKLOG_LIMIT bytes wait
 in front of its stdin, answers to its requests are dropped and new calls refused at once, until it
@@ -136,6 +139,11 @@ class _Bucket:
         return self.tokens >= self.burst - 1.0
 
 
+def _invalid(request_id: str | int | None, reason: str) -> dict[str, Any]:
+    """The `-32600` reply to a request of the child that cannot be taken as it is."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": f"Invalid Request: {reason}"}}
+
+
 def default_reply(message: dict[str, Any]) -> dict[str, Any]:
     """The gateway's answer to a request from the child that nothing else answers. A child may ping us; other
     requests (roots/list, sampling, …) are not relayed yet: they are refused (-32601) so the child does not wait."""
@@ -174,6 +182,9 @@ class Peer:
         self._on_activity = on_activity
         self._on_request = on_request or default_reply
         self._pending: dict[int, PendingCall] = {}
+        # Ids of the child's own requests whose replies were left for later (`reply`): a request reusing one is refused.
+        # As many as requests wait (each one relayed, relay.MAX_RELAYED in all), until each gets its reply.
+        self._awaiting: set[str | int] = set()
         self._next_id = 0
         self._outbox: list[bytes] = []
         # The calls' deadlines: one loop timer for many calls, not one per call.
@@ -440,9 +451,21 @@ class Peer:
             self._flooding = False
             logger.info("server=%s pid=%d asks calmly again: %d of its requests dropped unanswered so far",
                         self.tag, self._process.pid, self.dropped.requests)
-        reply = self._on_request(message)
-        if reply is None:
-            return
+        child_id = message.get("id")
+        reply: dict[str, Any] | None
+        if not isinstance(child_id, str | int) or isinstance(child_id, bool):
+            reply = _invalid(None, "a request id must be a string or an integer")
+        elif child_id in self._awaiting:
+            logger.warning("server=%s pid=%d reused the id %.64r of its own request still waiting for its reply: "
+                           "refused", self.tag, self._process.pid, child_id)
+            reply = _invalid(child_id, f"request id {child_id!r} is already in use by a request still waiting")
+        else:
+            # Marked before `on_request`, which may reply at once through `reply` (and so unmark it).
+            self._awaiting.add(child_id)
+            reply = self._on_request(message)
+            if reply is None:
+                return
+            self._awaiting.discard(child_id)
         if self._check_backlog(self._process.backlog()):
             self.dropped.replies += 1
             return
@@ -454,6 +477,9 @@ class Peer:
         """Send the reply to a request of the child that `on_request` left for later (it returned None): whether it
         was written. Not written when the child is gone (nothing waits for it) or over the stdin backlog limit
         (dropped, as any reply then)."""
+        child_id = message.get("id")
+        if isinstance(child_id, str | int):
+            self._awaiting.discard(child_id)
         if not self._process.alive:
             return False
         if self._check_backlog(self._process.backlog()):
