@@ -89,6 +89,11 @@ def declared(ctx: CallContext, kind: str, params: Any) -> bool:
     return isinstance(session.capabilities.get(kind), dict)
 
 
+def _scope(call: asyncio.Future[Any] | None, ctx: CallContext) -> object:
+    """What MAX_RELAYED_PER_CALL counts a request by: its call, or its session's id when asked outside any call."""
+    return call if call is not None else (ctx.session.id if ctx.session is not None else None)
+
+
 def bad_params(kind: str, params: Any) -> str | None:
     """Why a relayed request's params could not be put to a client (the shape the spec requires of each kind), or
     None. What is inside (messages, schemas) is the client's to judge."""
@@ -178,7 +183,7 @@ class Relay:
             refusal = "not_declared", f"{method}: the caller's client did not declare {kind}"
         elif (call is not None and call.done()) or (ctx.session is not None and ctx.session.ended):
             refusal = "call_finished", f"{method}: the call it belongs to has ended"
-        elif self._per_call.get(call if call is not None else ctx.session, 0) >= MAX_RELAYED_PER_CALL:
+        elif self._per_call.get(_scope(call, ctx), 0) >= MAX_RELAYED_PER_CALL:
             refusal = "too_many", f"{method}: {MAX_RELAYED_PER_CALL} requests of this call already wait for its caller"
         elif len(self._relayed) >= MAX_RELAYED:
             refusal = "overloaded", f"{method}: too many requests wait for clients; retry later"
@@ -189,7 +194,7 @@ class Relay:
         assert kind is not None and ctx.emit is not None and ctx.session is not None
         gateway_id = f"{RELAY_ID_PREFIX}{next(self._ids)}"
         key = request_key(ctx, gateway_id)
-        scope = call if call is not None else ctx.session
+        scope = _scope(call, ctx)
         relayed = _Relayed(key, gateway_id, message, kind, server, ctx, reply, scope)
         self._relayed[key] = relayed
         self._per_call[scope] = self._per_call.get(scope, 0) + 1

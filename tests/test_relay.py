@@ -244,3 +244,21 @@ async def test_two_requests_of_one_session_both_end_with_it(rig: Rig) -> None:
 async def test_relay_ids_never_look_like_approval_ids(rig: Rig) -> None:
     rig.ask("roots/list", future())
     assert not rig.sent[0]["id"].startswith("gatewayd-approval-")
+
+
+async def test_a_per_session_child_s_request_outside_any_call_goes_to_its_session_s_stream(rig: Rig) -> None:
+    asker = rig.relay.session_caller(rig.ctx())
+    assert asker is not None
+    message = {"jsonrpc": "2.0", "id": "child-9", "method": "roots/list", "params": {}}
+    assert asker.ask("srv", ALL, message, None, rig.reply) is None
+    # Not on the call's stream: on the session's own (its GET stream's queue).
+    assert rig.sent == []
+    asked = rig.session.outbound.get_nowait()
+    assert asked is not None and asked["method"] == "roots/list"
+    assert rig.relay.answer(rig.ctx(), Response(asked["id"], {"roots": []}, None))
+    assert rig.replies == [{"jsonrpc": "2.0", "id": "child-9", "result": {"roots": []}}]
+    # And the session's end ends one that nobody answered.
+    asker.ask("srv", ALL, {**message, "id": "child-10"}, None, rig.reply)
+    rig.session.end()
+    await settle()
+    assert rig.replies[-1]["id"] == "child-10" and rig.replies[-1]["error"]["code"] == -32000
