@@ -231,10 +231,17 @@ def test_template_matching(template: str, uri: str, matches: bool) -> None:
 
 def test_prompt_names_reverse_exactly() -> None:
     catalog = Catalog("_")
+    test, bare = Scripted("test", []), Scripted("bare", [], exposed="")
+    mine = Scripted("zz", [], exposed="my_server")  # a prefix holding the separator still reverses
+    servers: dict[str, Upstream] = {"test": test, "bare": bare, "zz": mine}
     assert catalog.prompt_name("test", "simple_prompt") == "test_simple_prompt"
-    assert catalog.split_prompt("test_simple_prompt") == ("test", "simple_prompt")
-    assert catalog.prompt_name("my_server", "p") is None  # could not be split back
-    assert catalog.split_prompt("nosep") is None
+    assert catalog.prompt_name("", "simple_prompt") == "simple_prompt"
+    assert catalog.prompt_name("test", "") is None and catalog.prompt_name("test", "p" * 257) is None
+    assert catalog.prompt_candidates("test_simple_prompt", servers) == [
+        (test, "simple_prompt"), (bare, "test_simple_prompt")]
+    assert catalog.prompt_candidates("my_server_p", servers) == [(mine, "p"), (bare, "my_server_p")]
+    assert catalog.prompt_candidates("nosep", servers) == [(bare, "nosep")]
+    assert catalog.prompt_candidates("", servers) == []
 
 
 def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
