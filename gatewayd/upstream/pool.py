@@ -42,9 +42,11 @@ class Pool:
     """The life of every tool server: a generation's table built, replaced servers retired, all stopped."""
 
     def __init__(self, on_tools_changed: Callable[[str], None] | None = None,
-                 on_surface_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 on_child_up: Callable[[ToolServer], None] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
         self._on_surface_event = on_surface_event
+        self._on_child_up = on_child_up
         # Retired servers and the task draining each; owned here so shutdown can stop them too.
         self._retiring: dict[ToolServer, asyncio.Task[None]] = {}
         self._starting: set[asyncio.Task[None]] = set()
@@ -64,7 +66,7 @@ class Pool:
                 diff.unchanged.append(name)
                 continue
             servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
-                                      self._on_surface_event)
+                                      self._on_surface_event, self._on_child_up)
             (diff.changed if old is not None else diff.added).append(name)
         diff.removed.extend(name for name in previous if name not in servers)
         return servers, diff

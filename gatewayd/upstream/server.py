@@ -74,6 +74,7 @@ class ToolServer:
         on_tools_changed: Callable[[str], None] | None = None,
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_child_up: Callable[[ToolServer], None] | None = None,
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
@@ -86,6 +87,8 @@ class ToolServer:
         self._on_tools_changed = on_tools_changed
         # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
         self._on_surface_event = on_surface_event
+        # Told each time a new child is up (surfaces.py subscribes it again to the URIs sessions hold).
+        self._on_child_up = on_child_up
         # Resources, templates, prompts by kind, with the connection they were listed on (a new child lists anew).
         self._surfaces: dict[str, tuple[Connection, list[dict[str, Any]]]] = {}
         self.state = State.STOPPED
@@ -177,6 +180,8 @@ class ToolServer:
         self.started_at = time.time()
         self._touch()
         self._watch_task = asyncio.create_task(self._watch(conn), name=f"{self.name}-watch")
+        if self._on_child_up is not None:
+            self._on_child_up(self)
         return conn
 
     async def _start_failed(self, conn: Connection, exc: GatewayError) -> None:
