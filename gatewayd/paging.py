@@ -12,8 +12,9 @@ those, the client's name and the list method. One the gateway did not make for t
 (another client's, a tampered or truncated one, one from before a restart of the daemon) is `-32602 Invalid
 cursor`. A cursor stays meaningful across reloads and list changes: the next page starts right after the item it
 names wherever that item is now, or at its position if that item is gone. So while nothing changes, paging
-neither skips nor repeats an item; when something does, nothing already given is given again unless an item
-before it went away. Does not own making the lists.
+neither skips nor repeats an item; when something does, an item already given comes again only if the one the
+cursor names and another before it both went away, and an item added before the cursor's place is not given
+(the list_changed notification says to list again). Does not own making the lists.
 """
 
 from __future__ import annotations
