@@ -1,7 +1,7 @@
 """`tools/list` through the in-memory Gateway: microseconds per answer for a catalog of many tools.
 
 Owns one quick measurement of the list path alone (no HTTP, no child): `servers` × `tools` scripted tools, a
-principal allowed all of them, `rounds` answers timed after a warm-up; the median of `repeats` runs is printed.
+principal allowed all of them, `rounds` answers timed (CPU time of the process, steadier than wall time on a shared machine) after a warm-up; the median of `repeats` runs is printed.
 Run before and after a change to the list path and compare the medians (same machine, same moment):
 
     .venv/bin/python -m bench.lists --servers 10 --tools 50
@@ -85,10 +85,10 @@ async def measure(servers: int, tools: int, rounds: int, repeats: int, cursor_pa
         for _ in range(repeats):
             for _ in range(rounds // 10):
                 await gateway.dispatch(ctx, request)
-            start = time.perf_counter()
+            start = time.process_time()
             for _ in range(rounds):
                 await gateway.dispatch(ctx, request)
-            runs.append((time.perf_counter() - start) / rounds * 1e6)
+            runs.append((time.process_time() - start) / rounds * 1e6)
         await audit.close()
         return runs
 
