@@ -2,7 +2,7 @@
 
 Owns the MCP methods beside tools: the aggregated `resources/list`, `resources/templates/list` and
 `prompts/list` (every server the client may use, in server-name order, each server's items sorted; the
-child's own cursors are followed to the end, so the gateway answers in one page), the canonical names
+child's own cursors are followed to the end, and the gateway pages the whole list itself, paging.py), the canonical names
 policies grant them by, and which server a routed call goes to:
 
     SERVER.resources/read        list, read, subscribe and unsubscribe SERVER's resources and templates
@@ -10,7 +10,9 @@ policies grant them by, and which server a routed call goes to:
     SERVER.completion/complete   complete arguments of SERVER's prompts (needs SERVER.prompts/get too) or
                                  resource templates (needs SERVER.resources/read too)
 
-Prompts are named like tools (catalog.py: `<server><separator><prompt>`). Resource URIs are kept
+Prompts are named like tools (catalog.py: `<prefix><separator><prompt>`, the prompt's own name for a server
+whose `prefix = ""`; two servers giving one name: the first in listing order has it, for the list, `prompts/get`
+and `completion/complete` alike). Resource URIs are kept
 verbatim; a URI belongs to the first server, in name order among those the client may read from, that
 lists it; a URI listed by none belongs to the first such server one of whose templates matches it (RFC 6570,
 by shape); anything else is unknown (`-32602 Unknown resource`) — no server is asked to guess, so a read
@@ -20,7 +22,9 @@ not listed, and every direct route answers as for an unknown one.
 
 Also who hears what a server says about them: `notifications/resources/updated` reaches the sessions that
 subscribed to that URI of that server and may still read it; the list_changed notifications reach the
-sessions that may use the server. Does not own the decision (policy.py), the pipeline (gateway.py) or
+sessions that may use the server. And the subscriptions sessions hold at the children: each new child of a
+server is subscribed again to the URIs sessions whose clients may still read them hold, and the child is told to
+unsubscribe when the last session holding a URI lets go of it (unsubscribe, DELETE, expiry). Does not own the decision (policy.py), the pipeline (gateway.py) or
 speaking to a child (upstream/).
 """
 
