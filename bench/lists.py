@@ -1,7 +1,8 @@
 """`tools/list` through the in-memory Gateway: microseconds per answer for a catalog of many tools.
 
 Owns one quick measurement of the list path alone (no HTTP, no child): `servers` × `tools` scripted tools, a
-principal allowed all of them, `rounds` answers timed (CPU time of the process, steadier than wall time on a shared machine) after a warm-up; the median of `repeats` runs is printed.
+principal allowed all of them, `rounds` answers timed after a warm-up (in the process's CPU time, steadier than
+wall time on a shared machine); the median of `repeats` runs is printed.
 Run before and after a change to the list path and compare the medians (same machine, same moment):
 
     .venv/bin/python -m bench.lists --servers 10 --tools 50

@@ -1,9 +1,9 @@
 """Resources, resource templates, prompts and completion: what each client may see of them, and who owns what.
 
-Owns the MCP methods beside tools: the aggregated `resources/list`, `resources/templates/list` and
-`prompts/list` (every server the client may use, in server-name order, each server's items sorted; the
-child's own cursors are followed to the end, and the gateway pages the whole list itself, paging.py), the canonical names
-policies grant them by, and which server a routed call goes to:
+Owns the MCP methods beside tools: the aggregated `resources/list`, `resources/templates/list` and `prompts/list`
+(every server the client may use, in server-name order, each server's items sorted; the child's own cursors are
+followed to the end, and the gateway pages the whole list itself, paging.py), the canonical names policies grant
+them by, and which server a routed call goes to:
 
     SERVER.resources/read        list, read, subscribe and unsubscribe SERVER's resources and templates
     SERVER.prompts/get           list and get SERVER's prompts
@@ -20,12 +20,12 @@ never reaches a server that did not say it has the URI. A URI two servers list i
 server's, and the other's is left out with a warning. Whatever a client may not use does not exist for it:
 not listed, and every direct route answers as for an unknown one.
 
-Also who hears what a server says about them: `notifications/resources/updated` reaches the sessions that
-subscribed to that URI of that server and may still read it; the list_changed notifications reach the
-sessions that may use the server. And the subscriptions sessions hold at the children: each new child of a
-server is subscribed again to the URIs sessions whose clients may still read them hold, and the child is told to
-unsubscribe when the last session holding a URI lets go of it (unsubscribe, DELETE, expiry). Does not own the decision (policy.py), the pipeline (gateway.py) or
-speaking to a child (upstream/).
+Also who hears what a server says about them: `notifications/resources/updated` reaches the sessions that subscribed
+to that URI of that server and may still read it; the list_changed notifications reach the sessions that may use the
+server. And the subscriptions sessions hold at the children: each new child of a server is subscribed again to the
+URIs sessions whose clients may still read them hold, and the child is told to unsubscribe when the last session
+holding a URI lets go of it (unsubscribe, DELETE, expiry). Does not own the decision (policy.py), the pipeline
+(gateway.py) or speaking to a child (upstream/).
 """
 
 from __future__ import annotations
