@@ -32,6 +32,7 @@ from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
 from gatewayd.metrics import Metrics
+from gatewayd.paging import Pager
 from gatewayd.records import Records
 from gatewayd.relay import Relay
 from gatewayd.reloader import Reloader
@@ -131,6 +132,7 @@ class Daemon:
             if self._serving:
                 await self._runner.cleanup()
         finally:
+            await state.gateway.surfaces.close()
             await state.pool.stop_all(state.generation.servers)
             # Last, so the outcomes of calls that finished while draining are written.
             await state.audit.close()
@@ -142,7 +144,8 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout, settings.max_sessions_per_client)
     pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name),
                 on_surface_event=lambda name, message: told(name, message),
-                max_isolated_children=settings.max_isolated_children)
+                max_isolated_children=settings.max_isolated_children,
+                on_child_up=lambda server: gateway.surfaces.child_up(server))
 
     def told(name: str, message: dict[str, Any]) -> None:
         if message.get("method") == tasks.STATUS:
@@ -153,9 +156,10 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     audit_log = AuditLog(settings.audit_file(), reserve_bytes=settings.audit_reserve_bytes)
     metrics, registry, inflight = Metrics(), Approvals(), Inflight()
     records = Records(audit_log, metrics)
-    catalog = Catalog(settings.tool_name_separator)
-    gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, Surfaces(catalog),
-                      Relay(records, settings.relay_timeout))
+    catalog = Catalog(settings.tool_name_separator, settings.tool_name_max_chars, settings.tool_name_dots)
+    owners = Surfaces(catalog, lambda client: state.generation.principal(client), lambda: state.generation.servers)
+    gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, owners,
+                      Relay(records, settings.relay_timeout), Pager(settings.list_page_size))
     state = DaemonState(settings, Generation.first(snapshot, pool), pool, gateway, sessions, registry, inflight,
                         audit_log, metrics)
     return state

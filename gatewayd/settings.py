@@ -49,6 +49,16 @@ class Settings(BaseSettings):
         description="Origin header values accepted when present (default: http://<allowed host>)",
     )
     tool_name_separator: str = Field("__", description="joins server and method into an MCP tool name")
+    # LLM function-calling APIs accept ^[A-Za-z0-9_-]{1,64}$; MCP 2025-11-25 allows 128 characters and dots.
+    tool_name_max_chars: int = Field(
+        64, ge=1, le=128, description="longest MCP tool name listed (1..128; the MCP limit is 128, LLM APIs take 64)"
+    )
+    tool_name_dots: bool = Field(False, description="allow '.' in MCP tool names, as MCP does (LLM APIs do not)")
+    # Big enough that ordinary deployments answer every list in one page; a client pages with `cursor`.
+    list_page_size: int = Field(
+        1000, ge=1, description="most items in one answer to tools/list, resources/list, resources/templates/list, "
+        "prompts/list or tasks/list (then nextCursor)",
+    )
     # A few MiB holds any sane tool call; larger bodies are refused before they are read.
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_json_depth: int = Field(64, ge=2, description="deepest JSON nesting accepted in a request")

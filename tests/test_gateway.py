@@ -47,6 +47,8 @@ class Scripted:
     notifies: bool = True
     # Its tools.d `prefix` (None: its name).
     exposed: str | None = None
+    # Its child's pid, as ToolServer has it (None: no child running).
+    pid: int | None = None
 
     @property
     def prefix(self) -> str:

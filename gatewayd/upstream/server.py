@@ -74,6 +74,7 @@ class ToolServer:
         on_tools_changed: Callable[[str], None] | None = None,
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_child_up: Callable[[ToolServer], None] | None = None,
         owner: Caller | None = None,
         tag: str = "",
     ) -> None:
@@ -89,6 +90,8 @@ class ToolServer:
         self._on_tools_changed = on_tools_changed
         # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
         self._on_surface_event = on_surface_event
+        # Told each time a new child is up (surfaces.py subscribes it again to the URIs sessions hold).
+        self._on_child_up = on_child_up
         # Resources, templates, prompts by kind, with the connection they were listed on (a new child lists anew).
         self._surfaces: dict[str, tuple[Connection, list[dict[str, Any]]]] = {}
         self.state = State.STOPPED
@@ -198,6 +201,8 @@ class ToolServer:
         self.started_at = time.time()
         self._touch()
         self._watch_task = asyncio.create_task(self._watch(conn), name=f"{self.name}-watch")
+        if self._on_child_up is not None:
+            self._on_child_up(self)
         return conn
 
     async def _start_failed(self, conn: Connection, exc: GatewayError) -> None:
