@@ -12,7 +12,10 @@ like any call. Then:
     tool call and options: yes → its `allow_once` option, no → its `reject_once` option, nobody in
     time or the caller gone → `cancelled`, never an allow; granted outright → `allow_once`;
   - a file read or write: done by the gateway itself, bounded by MAX_FILE_BYTES, on an absolute path;
-    denied → the agent gets the same error as for a method that does not exist.
+    denied → the agent gets the same error as for a method that does not exist;
+  - a terminal (tools.d `terminals = true`): `SERVER.terminal/create` decided with its command, args, cwd
+    and env as arguments (a person confirms it where the policy says), then run by terminals.py until the
+    turn ends; its output, exit, kill and release need no new decision.
 
 Does not own the ACP wire (upstream/acp.py), the policy (policy.py) or asking the person (confirmation.py).
 """
@@ -35,6 +38,7 @@ from gatewayd.errors import (
     RequestCancelled,
 )
 from gatewayd.records import Records
+from gatewayd.terminals import Terminals
 from gatewayd.upstream.api import Upstream
 
 logger = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ logger = logging.getLogger(__name__)
 # How an agent's request reaches the gateway, as the audit log names it.
 AGENT = "agent"
 PERMISSION, READ, WRITE = "session/request_permission", "fs/read_text_file", "fs/write_text_file"
+TERMINAL = "terminal/create"
 # Largest text file an agent may read or write through the gateway.
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
@@ -64,6 +69,8 @@ class AgentHost:
         self._agents = agents
         self._call = call
         self._server = server
+        # Made at the turn's first terminal only: most turns have none.
+        self._terminals: Terminals | None = None
 
     async def answer(self, server: str, message: dict[str, Any]) -> dict[str, Any]:
         method = str(message.get("method"))
@@ -76,6 +83,11 @@ class AgentHost:
         try:
             if method == PERMISSION:
                 result = await self._permission(call, arguments)
+            elif method == TERMINAL:
+                result = await self._terminal(call, arguments)
+            elif method.startswith("terminal/"):
+                # A terminal this turn made (its command was decided when it was): no new decision.
+                result = await (self._terminals or Terminals()).handle(method, arguments)
             else:
                 result = await self._file(call, method, arguments)
         except GatewayError as exc:
@@ -98,6 +110,27 @@ class AgentHost:
             return _choose(options, "reject")
         records.outcome(call, "allowed")
         return _choose(options, "allow")
+
+    async def close(self) -> None:
+        if self._terminals is not None:
+            await self._terminals.close()
+
+    async def _terminal(self, call: Call, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A command the agent wants run: decided (`SERVER.terminal/create`, its command, args, cwd and env), a
+        person asked where the policy says, then started (terminals.py)."""
+        records = self._agents.records
+        confirm = await authorize(call, Target(self._server, TERMINAL, surface=True), records)
+        try:
+            if confirm is not None:
+                await self._agents.gate.confirm(call, confirm)
+            if self._terminals is None:
+                self._terminals = Terminals()
+            result = await self._terminals.create(arguments)
+        except GatewayError as exc:
+            records.outcome(call, exc.error_type, error_code=exc.code)
+            raise
+        records.outcome(call, "ok")
+        return result
 
     async def _file(self, call: Call, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
         records = self._agents.records

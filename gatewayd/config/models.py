@@ -86,6 +86,9 @@ class ServerConfig(_Strict):
     prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{0,64}$")
     # What the server may ask of the caller's client during a call (gatewayd/relay.py): nothing by default.
     relay: list[Literal["sampling", "elicitation", "roots"]] = Field(default_factory=list)
+    # An ACP agent is offered terminals (`terminal/*`): each command is still a call of the turn's caller,
+    # `SERVER.terminal/create`, decided by its policy (agents.py). Off: the agent is told it has none.
+    terminals: bool = False
     # Who shares a child (upstream/fleet.py): everyone (one child), each client, or each MCP session (stateful
     # servers, and a child that may hold one session's roots).
     isolation: Literal["shared", "client", "session"] = "shared"

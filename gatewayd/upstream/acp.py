@@ -1,7 +1,7 @@
 """The Agent Client Protocol (ACP) over stdio: a long-running agent as a tool server (`protocol = "acp"`).
 
 Owns the gateway's side of an ACP agent's wire: the `initialize` handshake (declaring the client
-capabilities the gateway serves: reading and writing text files; no terminal), the session methods a
+capabilities the gateway serves: reading and writing text files; terminals if offered), the session methods a
 client may call directly (`SERVER.session/new`, `session/load`, `session/prompt`, `session/set_mode`,
 `session/cancel`), and the MCP tool `prompt` that drives an agent from any MCP client (a new session,
 or the one named, then one turn; the agent's words are the result, its updates the call's progress and
@@ -16,8 +16,9 @@ log lines). Also:
   - `session/update` notifications routed, in order, to the caller of the turn of that session (as they
     are for a direct call, as progress and log lines for the tool), at most MAX_TURN_UPDATES a turn;
   - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
-    `fs/write_text_file`) answered by the turn's `Delivery.host` (agents.py: policy, the confirmation
-    gate, audit); `terminal/*` and anything outside a turn refused at once, so the agent never waits.
+    `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
+    `Delivery.host` (agents.py: policy, the confirmation gate, audit); anything else, and anything
+    outside a turn, refused at once, so the agent never waits. The turn's end ends its terminals.
 
 Does not own deciding or answering those requests (agents.py), the child's lifecycle (server.py) or
 per-client children (fleet.py).
@@ -42,8 +43,9 @@ from gatewayd.upstream.dialects import Dialect
 logger = logging.getLogger(__name__)
 
 ACP_PROTOCOL_VERSION = 1
-# What the gateway serves the agent as its client: text files, read and written under the caller's policy.
-CLIENT_CAPABILITIES = {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False}
+# What the gateway serves the agent as its client: text files, read and written under the caller's policy, and
+# terminals when the tools.d file offers them.
+FILES = {"readTextFile": True, "writeTextFile": True}
 # The session methods a client may call directly; `session/cancel` is a notification in ACP.
 PROMPT, NEW, LOAD, SET_MODE, CANCEL = "session/prompt", "session/new", "session/load", "session/set_mode", \
     "session/cancel"
@@ -59,8 +61,10 @@ PROMPT_SCHEMA = {
     },
     "required": ["text"],
 }
-# What the agent asks its client that the gateway answers (agents.py); `terminal/*` is never offered.
+# What the agent asks its client that the gateway answers (agents.py); `terminal/*` only when offered.
 HOSTED = frozenset({"session/request_permission", "fs/read_text_file", "fs/write_text_file"})
+TERMINAL = frozenset({"terminal/create", "terminal/output", "terminal/wait_for_exit", "terminal/kill",
+                      "terminal/release"})
 UPDATE = "session/update"
 # A turn's updates passed on to its caller: an agent that floods is cut off there (its result still arrives).
 MAX_TURN_UPDATES = 10_000
@@ -104,6 +108,7 @@ class AcpDialect(Dialect):
         # The client each session the agent handed out belongs to, oldest first.
         self._owners: dict[str, str] = {}
         self._turns: dict[str, _Turn] = {}
+        self._hosted = HOSTED | TERMINAL if config.terminals else HOSTED
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -118,7 +123,8 @@ class AcpDialect(Dialect):
     async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
         try:
             result = await conn.call("initialize", {
-                "protocolVersion": ACP_PROTOCOL_VERSION, "clientCapabilities": CLIENT_CAPABILITIES,
+                "protocolVersion": ACP_PROTOCOL_VERSION,
+                "clientCapabilities": {"fs": FILES, "terminal": self.config.terminals},
                 "clientInfo": {"name": "gatewayd", "version": __version__},
             }, timeout=self.config.startup_timeout)
         except UpstreamError as exc:
@@ -216,6 +222,8 @@ class AcpDialect(Dialect):
             del self._turns[session]
             for ask in turn.asks:
                 ask.cancel()
+            if how.host is not None:
+                await asyncio.shield(how.host.close())
 
     # -- what the agent sends unasked ------------------------------------------------------
 
@@ -264,8 +272,8 @@ class AcpDialect(Dialect):
         params = message.get("params")
         turn = self._turns.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
         host = turn.how.host if turn is not None else None
-        if method not in HOSTED or turn is None or host is None or conn is None:
-            why = "is not offered" if method not in HOSTED else "belongs to no turn a client is waiting for"
+        if method not in self._hosted or turn is None or host is None or conn is None:
+            why = "is not offered" if method not in self._hosted else "belongs to no turn a client is waiting for"
             logger.info("server=%s %s refused: it %s", self.name, method, why)
             return {"jsonrpc": "2.0", "id": message.get("id"),
                     "error": {"code": -32601, "message": f"{method}: refused, it {why}"}}

@@ -41,6 +41,10 @@ class AgentHost(Protocol):
         """The reply to the agent's request `message` (under its own id): a result or an error, never a raise."""
         ...
 
+    async def close(self) -> None:
+        """The turn ended: end whatever its requests left running (terminals)."""
+        ...
+
 
 class SessionScope(Protocol):
     """The MCP session a call belongs to, as a per-session child (fleet.py) needs it: its id, and its end."""

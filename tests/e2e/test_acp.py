@@ -56,9 +56,10 @@ class Rig:
         return await self.call(http, client, "coder.session/prompt",
                                {"sessionId": session, "prompt": [{"type": "text", "text": text}]})
 
-    async def said(self, http: aiohttp.ClientSession, client: str, session: str, text: str) -> list[str]:
+    async def said(self, http: aiohttp.ClientSession, client: str, session: str, text: str,
+                   server: str = "coder") -> list[str]:
         """What the agent says in a turn, from the updates streamed to the caller, in order (then the result)."""
-        body = {"jsonrpc": "2.0", "id": 7, "method": "coder.session/prompt",
+        body = {"jsonrpc": "2.0", "id": 7, "method": f"{server}.session/prompt",
                 "params": {"sessionId": session, "prompt": [{"type": "text", "text": text}]}}
         async with http.post(self.url, json=body, headers=headers(self.tokens[client], **SSE)) as response:
             assert response.status == 200
@@ -79,8 +80,11 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
         '[methods."session/prompt"]\ntimeout = "60s"\nactivity_timeout = "1.5s"\n'
     roles = f'''
 [roles.dev]
-allow = ["coder.session/*", "coder.fs/read_text_file", "coder.fs/write_text_file", "mate.*", "pool.session/*"]
-confirm = ["coder.session/request_permission", "mate.session/request_permission"]
+allow = ["coder.session/*", "coder.fs/read_text_file", "coder.fs/write_text_file", "mate.*", "pool.session/*",
+         "runner.session/*"]
+confirm = ["coder.session/request_permission", "mate.session/request_permission", "runner.terminal/create"]
+[roles.dev.args."runner.terminal/create".command]
+one_of = ["echo", "sh"]
 [roles.dev.confirmation."*.session/request_permission"]
 timeout = "20s"
 channels = ["client", "web"]
@@ -89,7 +93,8 @@ path_under = "{root / "work"}"
 '''
     tokens = write_config(root, {"coder": agent.replace('call_timeout', 'isolation = "client"\ncall_timeout', 1),
                                  "mate": agent.replace('call_timeout', 'isolation = "session"\ncall_timeout', 1),
-                                 "pool": agent},
+                                 "pool": agent,
+                                 "runner": agent.replace('call_timeout', 'terminals = true\ncall_timeout', 1)},
                           roles, {"alice": ["dev"], "bob": ["dev"]})
     operator = new_token()
     (root / "policies" / "operators.toml").write_text(f'[operators.ops]\ntoken_sha256 = "{hash_token(operator)}"\n')
@@ -97,8 +102,8 @@ path_under = "{root / "work"}"
         yield Rig(running, root, tokens, operator)
 
 
-async def new_session(rig: Rig, http: aiohttp.ClientSession, client: str) -> str:
-    answer = await rig.call(http, client, "coder.session/new", {"cwd": str(rig.root / "work"), "mcpServers": []})
+async def new_session(rig: Rig, http: aiohttp.ClientSession, client: str, server: str = "coder") -> str:
+    answer = await rig.call(http, client, f"{server}.session/new", {"cwd": str(rig.root / "work"), "mcpServers": []})
     return str(answer["result"]["sessionId"])
 
 
@@ -184,6 +189,22 @@ async def test_files_are_served_under_the_caller_s_path_rule_and_terminals_refus
     assert "not for agents" not in outside[0] + escape[0]
     assert wrote == ["written"] and (rig.root / "work" / "out.txt").read_text() == "made by the agent"
     assert terminal[0].startswith("error -32601")
+
+
+async def test_a_terminal_runs_only_what_the_policy_allows_once_a_person_confirms_it(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "runner")
+        running = asyncio.ensure_future(rig.said(http, "alice", session, "terminal sh -c echo${IFS}out;exit${IFS}4",
+                                                 "runner"))
+        [pending] = await pending_approvals(rig.root)
+        assert pending["method"] == "runner.terminal/create" and pending["arguments"]["command"] == "sh"
+        code, _, err = await gatewayctl(rig.root, "approve", pending["id"])
+        assert code == 0, err
+        ran = await asyncio.wait_for(running, 20)
+        refused = await rig.said(http, "alice", session, "terminal rm -rf /nothing", "runner")
+    assert ran == ["exit 4 output 'out\\n'"]
+    # Outside the rule: refused before anyone is asked, naming the rule.
+    assert refused[0].startswith("error -32602") and "one_of" in refused[0]
 
 
 async def test_an_agent_that_exits_mid_turn_fails_the_turn_at_once(rig: Rig) -> None:
