@@ -46,13 +46,14 @@ class Connection:
         tag: str | None = None,
         deadlines: Deadlines | None = None,
         on_request: RequestHandler | None = None,
+        private: bool = False,
     ) -> None:
         process = ChildProcess(
             name, argv, env=env, cwd=cwd, tag=tag, on_activity=on_activity, on_exit=self._child_exited
         )
         peer = Peer(
             process, on_notification=on_notification, on_activity=on_activity, on_request=on_request,
-            deadlines=deadlines,
+            deadlines=deadlines, private=private,
         )
         self._process = process
         self._peer = peer

@@ -156,7 +156,7 @@ class Fleet:
         shown = key[:SESSION_ID_SHOWN] if self.isolation == "session" else key
         # What clients are shown is the lister's: an owner's child says only what concerns its own calls.
         child = ToolServer(self.name, self.config, self.config_dir, None, self._generation, self._owner_event,
-                           owner=delivery.owner, tag=f" {self.isolation}={shown}")
+                           owner=delivery.owner, tag=f" {self.isolation}={shown}", private=True)
         self._children[key] = child
         self._clients[key] = client
         if self.isolation == "session" and delivery.session is not None:

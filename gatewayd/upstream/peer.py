@@ -174,6 +174,7 @@ class Peer:
         stdin_backlog_limit: int = STDIN_BACKLOG_LIMIT,
         request_rate: float = CHILD_REQUEST_RATE,
         request_burst: int = CHILD_REQUEST_BURST,
+        private: bool = False,
     ) -> None:
         self.name = process.name
         self.tag = process.tag
@@ -182,6 +183,8 @@ class Peer:
         self._on_activity = on_activity
         self._on_request = on_request or default_reply
         self._pending: dict[int, PendingCall] = {}
+        # The child is one client's alone (fleet.py): its last stderr lines may go to that client when it dies.
+        self._private = private
         # Ids of the child's own requests whose replies were left for later (`reply`): a request reusing one is refused.
         # As many as requests wait (each one relayed, relay.MAX_RELAYED in all), until each gets its reply.
         self._awaiting: set[str | int] = set()
@@ -538,13 +541,12 @@ class Peer:
         """The child is gone: fail every call still waiting on it with how it ended."""
         for call_id, pending in list(self._pending.items()):
             if not pending.future.done():
-                pending.future.set_exception(
-                    # Its stderr is not the caller's to see: every client shares this child (daemon's log has it).
-                    ToolServerUnavailable(
-                        f"tool server {self.name!r} exited during {pending.method} ({info.describe()})",
-                        {"server": self.name, "method": pending.method, "exit_status": info.returncode},
-                    )
-                )
+                data: dict[str, Any] = {"server": self.name, "method": pending.method, "exit_status": info.returncode}
+                if self._private:
+                    # Only the child's own client sees its last words; a shared child's stay in the daemon's log.
+                    data["stderr_tail"] = list(info.tail)
+                pending.future.set_exception(ToolServerUnavailable(
+                    f"tool server {self.name!r} exited during {pending.method} ({info.describe()})", data))
             self._pending.pop(call_id, None)
 
 

@@ -77,6 +77,7 @@ class ToolServer:
         on_child_up: Callable[[ToolServer], None] | None = None,
         owner: Caller | None = None,
         tag: str = "",
+        private: bool = False,
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
@@ -86,6 +87,8 @@ class ToolServer:
         self.prefix = exposed_prefix(name, config)
         # `owner`: who the child's requests outside any call go to (a per-session child's session, fleet.py).
         self.dialect = dialect_for(name, config, owner)
+        # One client's own child (fleet.py): its stderr's last lines reach that client when it dies during a call.
+        self._private = private
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed
         # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
@@ -187,6 +190,7 @@ class ToolServer:
             on_exit=self._after_exit,
             tag=self.tag,
             deadlines=self._deadlines,
+            private=self._private,
         )
         try:
             await conn.open()

@@ -214,6 +214,8 @@ async def test_an_agent_that_exits_mid_turn_fails_the_turn_at_once(rig: Rig) -> 
         fresh = await new_session(rig, http, "bob")
         again = await rig.said(http, "bob", fresh, "echo back")
     assert failed["error"]["code"] == -32011 and failed["error"]["data"]["exit_status"] == 3
+    # Bob's own agent: its last words are his to see (a shared child's stay in the daemon's log).
+    assert "agent: exiting in the middle of a turn, as told" in failed["error"]["data"]["stderr_tail"]
     assert again == ["back"]
 
 

@@ -23,6 +23,7 @@ from gatewayd.explain import explain
 from gatewayd.sessions import Session
 from gatewayd.upstream.api import Delivery
 from gatewayd.upstream.fleet import ChildBudget, Fleet
+from gatewayd.upstream.process import STDERR_TAIL_LINES, _StderrLog
 from gatewayd.upstream.server import State
 from tests.daemon import FAULTSRV, python_command, write_config
 from tests.upstream.test_supervision import FAULT_METHODS
@@ -179,3 +180,17 @@ async def test_an_owner_s_child_passes_on_only_what_concerns_its_owner(tmp_path:
         child._on_notification({"jsonrpc": "2.0", "method": method, "params": {"uri": "x://y", "taskId": "t"}})
     assert tools_changed == []
     assert events == ["notifications/resources/updated", "notifications/tasks/status"]
+
+
+def test_a_child_s_stderr_tail_puts_error_lines_and_tracebacks_first() -> None:
+    log = _StderrLog("t", 1)
+    for index in range(30):
+        log.line(f"INFO chatter {index}")
+        if index == 10:
+            log.line("Traceback (most recent call last):")
+            log.line('  File "agent.py", line 3, in <module>')
+            log.line("ValueError: bad input")
+    tail = log.tail()
+    assert tail[:3] == ("Traceback (most recent call last):", '  File "agent.py", line 3, in <module>',
+                        "ValueError: bad input")
+    assert len(tail) == STDERR_TAIL_LINES and tail[-1] == "INFO chatter 29"
