@@ -40,8 +40,9 @@ from mcp_types import LoggingMessageNotification
 
 from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.tokens import hash_token, new_token
-from tests.daemon import REPO, Daemon, python_command
+from tests.daemon import REPO, Daemon, gatewayctl, python_command
 from tests.e2e.test_mcp_sdk import SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
+from tests.e2e.test_systemd import NotifySocket, no_watchdog
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -446,3 +447,42 @@ async def test_a_bad_public_url_stops_the_daemon_before_it_listens(tmp_path: Pat
         _, err = await proc.communicate()
     assert proc.returncode == 64
     assert "setting public_url" in err.decode() and "its path must be empty or /mcp" in err.decode()
+
+
+# -- the other places that hand out links -------------------------------------------------------------
+
+
+def public_config(root: Path) -> Path:
+    """A config directory whose gatewayd.toml names the public URL."""
+    (root / "tools.d").mkdir(parents=True)
+    (root / "policies").mkdir()
+    (root / "tools.d" / "hold.toml").write_text(python_command(str(HOLDSRV)) + "\n")
+    (root / "policies" / "roles.toml").write_text('[roles.developer]\nallow = ["hold.*"]\n')
+    (root / "gatewayd.toml").write_text(f'public_url = "https://{NAME}/mcp"\n')
+    return root
+
+
+async def test_the_systemd_status_line_names_the_public_url_beside_the_listening_one(tmp_path: Path) -> None:
+    config = public_config(tmp_path / "config")
+    listener = NotifySocket(str(tmp_path / "notify"))
+    try:
+        async with Daemon(config, env={"NOTIFY_SOCKET": listener.address, **no_watchdog()}) as daemon:
+            ready = await listener.until("READY")
+            assert ready["STATUS"].startswith(f"serving {daemon.url} (public https://{NAME}/mcp): "), ready
+            await daemon.wait_log(rf"listening on {daemon.url} \(public https://{NAME}/mcp\)")
+    finally:
+        listener.close()
+
+
+async def test_dev_client_prints_the_public_endpoint_and_page(tmp_path: Path) -> None:
+    config = public_config(tmp_path)
+    code, out, err = await gatewayctl(config, "dev-client", "--url", "http://127.0.0.1:8765/mcp")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"endpoint:  https://{NAME}/mcp   (through the proxy; the daemon listens on " \
+                       "http://127.0.0.1:8765/mcp)"
+    assert f"curl -s https://{NAME}/mcp " in out and "127.0.0.1:8765/approvals" not in out
+    assert f"or https://{NAME}/approvals with the operator token" in out
+    (config / "gatewayd.toml").write_text('public_url = "ftp://gw.example.org"\n')
+    code, out, err = await gatewayctl(config, "dev-client")
+    assert code == 2 and out == "" and "setting public_url" in err and "must start with https://" in err
