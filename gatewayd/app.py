@@ -42,8 +42,8 @@ from gatewayd.state import DaemonState
 from gatewayd.surfaces import Surfaces
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import State
-from gatewayd.web import console
-from gatewayd.web.app import MCP_PATH, create_app
+from gatewayd.urls import MCP_PATH
+from gatewayd.web.app import create_app
 from gatewayd.web.limits import ConnectionLimits, LimitedRunner, fit_open_file_limit, limit_loop_error_reports
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Daemon:
         await self._site.start()
         port = int(self._runner.addresses[0][1])
         _listen_on(state, port)
-        self.url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
+        self.url = state.links.local + MCP_PATH
         await self._admin.start(settings)
         self._spawn(state.pool.start_eager(state.generation.servers), "eager-start")
         self._spawn(self.reloader.serve_requests(), "reload-requests")
@@ -94,8 +94,8 @@ class Daemon:
             self._spawn(systemd.watchdog(interval), "watchdog")
         if settings.watch_config:
             self._watcher = self._spawn(self.reloader.watch(), "config-watch")
-        logger.info("listening on %s (%d tool servers, %d clients)", self.url, len(state.generation.servers),
-                    len(state.generation.snapshot.clients))
+        logger.info("listening on %s (%d tool servers, %d clients)", state.links.describe(),
+                    len(state.generation.servers), len(state.generation.snapshot.clients))
         return self.url
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -219,12 +219,13 @@ def _collector_gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
 
 
 def _listen_on(state: DaemonState, port: int) -> None:
-    """Accept the Host and Origin values that belong to the port we actually listen on; say where the approval
-    page is."""
+    """Accept the Host and Origin values that belong to the port we actually listen on (and the public URL's);
+    say where the approval page is, as clients reach it."""
     state.hosts = frozenset(state.settings.hosts(port))
     state.origins = frozenset(state.settings.origins(port))
+    state.links = state.settings.links(port)
     if state.settings.approval_page:
-        state.gateway.gate.approval_url = f"http://{_url_host(state.settings.host)}:{port}{console.PAGE_PATH}"
+        state.gateway.gate.approval_url = state.links.approval_page
 
 
 def make_runner(state: DaemonState) -> web.AppRunner:
@@ -256,7 +257,8 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         gc.freeze()
         if on_ready is not None:
             on_ready(url)
-        systemd.notify("READY=1", f"STATUS=serving {url}: {len(daemon.state.generation.servers)} tool servers")
+        systemd.notify("READY=1", f"STATUS=serving {daemon.state.links.describe()}: "
+                                  f"{len(daemon.state.generation.servers)} tool servers")
         failed = await _first(stop.wait(), daemon.failed)
         logger.info("stopping")
         systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")
@@ -313,9 +315,3 @@ class AdminSocket:
             await self._runner.cleanup()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host

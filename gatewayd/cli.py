@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gatewayd import __version__, display
+from gatewayd import __version__, display, urls
 from gatewayd.admin import AdminClient, AdminUnavailable
 from gatewayd.config.edit import set_client_token, set_operator_token
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
@@ -198,16 +198,32 @@ def _dev_client(args: argparse.Namespace) -> int:
                        lambda digest: set_client_token(policy_file, DEV_CLIENT, digest, [DEV_ROLE]))
     operator = _dev_token(args.config_dir / DEV_OPERATOR_TOKEN_FILE, policy_file,
                           lambda digest: set_operator_token(policy_file, DEV_OPERATOR, digest))
-    base = args.url.rsplit("/", 1)[0]
-    curl = f"curl -s {args.url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -d "
-    print(f"endpoint:  {args.url}")
+    links = _dev_links(args)
+    if links is None:
+        return EXIT_CONFIG
+    url = links.endpoint
+    curl = f"curl -s {url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -d "
+    print(f"endpoint:  {url}" + (f"   (through the proxy; the daemon listens on {args.url})" if links.public else ""))
     print(f"token:     {token}   (client {DEV_CLIENT!r}, kept in {DEV_TOKEN_FILE})")
     print(f"try:       {curl}'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"calc.add\",\"params\":{{\"a\":2,\"b\":3}}}}'")
     print(f"confirm:   {curl}'{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"shell.run\",\"params\":"
           "{\"command\":\"uname -a\"}}'")
     print("           waits for a person: `.venv/bin/gatewayctl approvals`, then `.venv/bin/gatewayctl approve ID`,")
-    print(f"           or {base}/approvals with the operator token {operator}")
+    print(f"           or {links.approval_page} with the operator token {operator}")
     return 0
+
+
+def _dev_links(args: argparse.Namespace) -> urls.Links | None:
+    """Where the printed lines point: the settings' public_url when there is one, else --url; None (said why) if
+    the settings are invalid."""
+    os.environ.setdefault("GATEWAYD_CONFIG_DIR", str(args.config_dir))
+    try:
+        public = Settings(config_dir=args.config_dir).public()
+    except ValidationError as exc:
+        for detail in exc.errors():
+            print(f"gatewayctl: setting {'.'.join(map(str, detail['loc']))}: {detail['msg']}", file=sys.stderr)
+        return None
+    return urls.Links(args.url.rsplit("/", 1)[0], public)
 
 
 def _dev_token(token_file: Path, policy_file: Path, store: Callable[[str], None]) -> str:

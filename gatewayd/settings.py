@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,8 +20,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gatewayd import urls
+
 DEFAULT_PORT = 8765
 SETTINGS_FILE_NAME = "gatewayd.toml"
+# Local clients may always use these names: a DNS-rebinding page arrives under its own name, never a loopback one.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+WILDCARD_ADDRESSES = ("0.0.0.0", "::")
 
 
 def _settings_file() -> Path:
@@ -40,13 +46,21 @@ class Settings(BaseSettings):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port to listen on (0 picks a free one)")
     config_dir: Path = Field(Path("."), description="directory holding tools.d/ and policies/")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
+    # A proxy in front makes the address the daemon listens on useless to its clients: links must name the proxy.
+    public_url: str = Field(
+        "", description="the https:// URL clients reach the daemon at through a reverse proxy, e.g. "
+        "https://gw.example.org (a path, if any, must be /mcp): every link the daemon hands out uses it, and its "
+        "host and origin are accepted as Host and Origin besides the loopback names (empty: none)",
+    )
     allowed_hosts: list[str] = Field(
         default_factory=list,
-        description="Host header values accepted (default: the loopback names with the listen port)",
+        description="Host header values accepted besides the loopback names with the listen port and the "
+        "public_url's host",
     )
     allowed_origins: list[str] = Field(
         default_factory=list,
-        description="Origin header values accepted when present (default: http://<allowed host>)",
+        description="Origin header values accepted when present, besides the public_url's origin "
+        "(default: http:// and https:// of each accepted host)",
     )
     tool_name_separator: str = Field("__", description="joins server and method into an MCP tool name")
     # LLM function-calling APIs accept ^[A-Za-z0-9_-]{1,64}$; MCP 2025-11-25 allows 128 characters and dots.
@@ -177,20 +191,47 @@ class Settings(BaseSettings):
             return None
         return self.config_dir / self.admin_socket
 
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        """Checked at start, so a typo is a settings error and not links that lead nowhere; kept as its origin."""
+        return urls.parse_public_url(value).origin if value.strip() else ""
+
+    def public(self) -> urls.PublicUrl | None:
+        """The public URL, parsed; None when the daemon is reached where it listens."""
+        return urls.parse_public_url(self.public_url) if self.public_url else None
+
+    def links(self, port: int) -> urls.Links:
+        """The URLs the daemon hands out once the real port is known."""
+        return urls.Links(urls.listen_base(self.host, port), self.public())
+
     def hosts(self, port: int) -> list[str]:
-        """The Host header values to accept once the real port is known."""
-        if self.allowed_hosts:
-            return list(self.allowed_hosts)
-        names = ["127.0.0.1", "localhost", "[::1]"]
-        if self.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
-            names.append(self.host)
-        return [f"{name}:{port}" for name in names] + names
+        """The Host header values to accept once the real port is known: the loopback names (local clients keep
+        working whatever else is listed), the listen address, `allowed_hosts` and the public URL's host."""
+        public = self.public()
+        return _unique(self._listed_hosts(port) + (public.host_values() if public else []))
 
     def origins(self, port: int) -> list[str]:
-        """The Origin header values to accept once the real port is known."""
+        """The Origin header values to accept once the real port is known: `allowed_origins` or, by default,
+        http:// of the loopback and listed hosts and https:// of `allowed_hosts` (a page of a host the daemon
+        serves, as a TLS proxy serves it, is no foreign page); and always the public URL's origin."""
+        public = self.public()
         if self.allowed_origins:
-            return list(self.allowed_origins)
-        return [f"http://{host}" for host in self.hosts(port)]
+            listed = list(self.allowed_origins)
+        else:
+            listed = [f"http://{host}" for host in self._listed_hosts(port)]
+            listed += [f"https://{host}" for host in self.allowed_hosts]
+        return _unique(listed + ([public.origin] if public else []))
+
+    def _listed_hosts(self, port: int) -> list[str]:
+        names = list(LOOPBACK_NAMES)
+        if self.host not in LOOPBACK_ADDRESSES + WILDCARD_ADDRESSES:
+            names.append(self.host)
+        return [f"{name}:{port}" for name in names] + names + list(self.allowed_hosts)
+
+
+def _unique(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
 
 
 def describe() -> list[tuple[str, str, Any]]:

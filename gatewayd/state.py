@@ -23,6 +23,7 @@ from gatewayd.policy import Principal
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
+from gatewayd.urls import Links
 
 
 @dataclass(eq=False)
@@ -41,6 +42,8 @@ class DaemonState:
     # Host and Origin values served; empty until the daemon knows its port.
     hosts: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
+    # The URLs the daemon hands out (urls.py); the listening address until the daemon knows its port.
+    links: Links = field(default_factory=lambda: Links(""))
     # The Prometheus text of the whole daemon, once the daemon has wired it.
     metrics_text: Callable[[], Awaitable[str]] | None = None
     # The first keep-alive of each SSE answer: one loop timer for them all.

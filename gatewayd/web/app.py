@@ -17,12 +17,11 @@ from aiohttp import web
 from gatewayd import metrics
 from gatewayd.errors import HttpError, TooManySessions, Unauthenticated, refusal
 from gatewayd.state import DaemonState
+from gatewayd.urls import MCP_PATH as MCP_PATH  # the endpoint's path, named where the routes are
 from gatewayd.web import console, limits, mcp_http
 from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
-
-MCP_PATH = "/mcp"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
