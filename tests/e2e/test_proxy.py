@@ -163,7 +163,8 @@ def caddy_config(directory: Path, ports: Ports, cert: Certificate, daemon: str) 
     caddyfile = templated(CADDYFILE.read_text(), [
         ("http_port 80", f"http_port {ports.http}"),
         ("https_port 443", f"https_port {ports.https}"),
-        ("admin localhost:2019", f"admin localhost:{ports.admin}"),
+        # Servers started by tests listen on loopback only; the shipped file binds all addresses, as a proxy must.
+        ("admin localhost:2019", f"admin localhost:{ports.admin}\n\tdefault_bind 127.0.0.1"),
         ("# tls /etc/ssl/gatewayd/fullchain.pem /etc/ssl/gatewayd/privkey.pem", f"tls {cert.cert} {cert.key}"),
         ("reverse_proxy 127.0.0.1:8765", f"reverse_proxy {daemon.removeprefix('http://')}"),
     ])
