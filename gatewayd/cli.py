@@ -27,8 +27,14 @@ from pydantic import ValidationError
 
 from gatewayd import __version__, display
 from gatewayd.admin import AdminClient, AdminUnavailable
-from gatewayd.config.edit import set_client_token, set_operator_token
-from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
+from gatewayd.config.edit import (
+    client_token_text,
+    operator_token_text,
+    set_client_token,
+    set_operator_token,
+    write_atomic,
+)
+from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, defined_in, load_snapshot
 from gatewayd.config.models import parse_duration
 from gatewayd.errors import ConfigError
 from gatewayd.explain import explain
@@ -143,7 +149,12 @@ def _ctl_parser() -> argparse.ArgumentParser:
     kind.add_argument("--operator", action="store_true",
                       help="make an operator token (approves calls on the web page) instead of a client's")
     kind.add_argument("--scraper", action="store_true", help="make a token that can only read /metrics")
-    new.add_argument("--policy-file", type=Path, help=f"policy file to write (default: policies/{DEFAULT_POLICY_FILE})")
+    new.add_argument("--policy-file", type=Path,
+                     help=f"policy file to write, in DIR/policies (default: the one defining NAME, else "
+                          f"{DEFAULT_POLICY_FILE})")
+    new.add_argument("--replace", action="store_true",
+                     help="give an existing NAME a new token; its old one stops working (its roles stay unless "
+                          "--role is given)")
     dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
     dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
     check = verbs.add_parser("check", help="validate a config directory without running it (exit 0: valid, 2: not)")
@@ -176,20 +187,52 @@ def _ctl_parser() -> argparse.ArgumentParser:
 
 
 def _token_new(args: argparse.Namespace) -> int:
-    path = args.policy_file or args.config_dir / POLICIES_DIR / DEFAULT_POLICY_FILE
-    token = new_token()
+    """Make a token; the policy file is written only if the whole config, with it, is one a reload accepts."""
     kind = "operator" if args.operator else "scraper" if args.scraper else "client"
-    if kind != "client":
-        if args.roles:
-            print(f"gatewayctl: a {kind} has no roles; drop --role", file=sys.stderr)
-            return EXIT_USAGE
-        set_operator_token(path, args.client, hash_token(token), kind=f"{kind}s")
+    table = f"{kind}s"
+    key = f"{table}.{args.client}"
+    if kind != "client" and args.roles:
+        print(f"gatewayctl: a {kind} has no roles; drop --role", file=sys.stderr)
+        return EXIT_USAGE
+    existing = defined_in(args.config_dir, table, args.client)
+    path = _policy_file(args, existing)
+    if existing is not None and not args.replace:
+        raise ConfigError(str(existing.absolute()), key, "already exists; pass --replace to give it a new token "
+                          "(the old one stops working)")
+    if existing is None and args.replace:
+        raise ConfigError(str(path.absolute()), key, f"no {kind} {args.client!r} to replace")
+    if kind == "client" and existing is None and not args.roles:
+        raise ConfigError(str(path.absolute()), f"{key}.roles", "a new client needs at least one --role "
+                          "(with none it may call nothing)")
+    token = new_token()
+    if kind == "client":
+        text = client_token_text(path, args.client, hash_token(token), args.roles)
     else:
-        set_client_token(path, args.client, hash_token(token), args.roles)
+        text = operator_token_text(path, args.client, hash_token(token), kind=table)
+    try:
+        load_snapshot(args.config_dir, {path.absolute(): text})
+    except ConfigInvalid as exc:
+        _config_errors("gatewayctl", exc)
+        print(f"gatewayctl: nothing written: a reload would refuse the config with {path} changed", file=sys.stderr)
+        return EXIT_CONFIG
+    write_atomic(path, text)
     print(token)
     print(f"gatewayctl: stored the hash for {kind} {args.client!r} in {path}; the token is shown only once",
           file=sys.stderr)
     return 0
+
+
+def _policy_file(args: argparse.Namespace, existing: Path | None) -> Path:
+    """Where the token goes: --policy-file (a bare name is one in DIR/policies), else the file that already defines
+    the name, else the default. Only files in DIR/policies are read by the daemon."""
+    policies = args.config_dir / POLICIES_DIR
+    given: Path | None = args.policy_file
+    if given is None:
+        return existing or policies / DEFAULT_POLICY_FILE
+    path = policies / given if given.parent == Path(".") else given
+    if path.absolute().parent != policies.absolute():
+        raise ConfigError(str(path.absolute()), "", f"the daemon reads policy files only from {policies.absolute()}")
+    return path
 
 
 def _dev_client(args: argparse.Namespace) -> int:
