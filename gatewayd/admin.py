@@ -124,6 +124,7 @@ async def _status(request: web.Request) -> web.Response:
     servers = {name: server.status() for name, server in sorted(state.generation.servers.items())}
     return web.json_response({
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
+        "url": state.url,
         "config": await request.app[RELOADER].status(), "servers": servers,
         "retiring": [server.status() for server in state.pool.retiring],
         "sessions": len(sessions), "session_list": [session.view() for session in sessions.all()],

@@ -83,7 +83,7 @@ class Daemon:
         await self._site.start()
         port = int(self._runner.addresses[0][1])
         _listen_on(state, port)
-        self.url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
+        self.url = state.url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
         await self._admin.start(settings)
         self._spawn(state.pool.start_eager(state.generation.servers), "eager-start")
         self._spawn(self.reloader.serve_requests(), "reload-requests")

@@ -34,10 +34,10 @@ from gatewayd.config.edit import (
     set_operator_token,
     write_atomic,
 )
-from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, defined_in, load_snapshot
+from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, Snapshot, defined_in, load_snapshot
 from gatewayd.config.models import parse_duration
 from gatewayd.errors import ConfigError
-from gatewayd.explain import explain
+from gatewayd.explain import denied, explain
 from gatewayd.settings import Settings, describe
 from gatewayd.tokens import hash_token, new_token
 
@@ -58,12 +58,28 @@ DEV_OPERATOR = "dev-operator"
 DEV_OPERATOR_TOKEN_FILE = ".gatewayd-dev-operator-token"
 
 
-def setup_logging(level: str) -> None:
-    """One line per event on stderr; journald adds its own timestamps."""
-    fmt = "%(levelname)s %(name)s: %(message)s"
-    if "JOURNAL_STREAM" not in os.environ:
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message (and the traceback, if any), for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=True)
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
+    """One line per event on stderr, as text (journald adds its own timestamps) or as JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        fmt = "%(levelname)s %(name)s: %(message)s"
+        if "JOURNAL_STREAM" not in os.environ:
+            fmt = "%(asctime)s " + fmt
+        handler.setFormatter(logging.Formatter(fmt))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # watchfiles logs every batch of changes at INFO; the reloader logs what it did with them.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
@@ -113,13 +129,12 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
         for detail in exc.errors():
             print(f"gatewayd: setting {'.'.join(map(str, detail['loc']))}: {detail['msg']}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     # A hang that the systemd watchdog ends with SIGABRT leaves every thread's stack in the journal.
     faulthandler.enable()
     try:
         if args.check:
-            snapshot = load_snapshot(settings.config_dir)
-            print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
+            print(_config_ok(load_snapshot(settings.config_dir)))
             return 0
         from gatewayd.app import serve
 
@@ -265,9 +280,16 @@ def _dev_token(token_file: Path, policy_file: Path, store: Callable[[str], None]
 
 
 def _check(args: argparse.Namespace) -> int:
-    snapshot = load_snapshot(args.directory or args.config_dir)
-    print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
+    print(_config_ok(load_snapshot(args.directory or args.config_dir)))
     return 0
+
+
+def _config_ok(snapshot: Snapshot) -> str:
+    return f"config OK: {_count(len(snapshot.servers), 'tool server')}, {_count(len(snapshot.clients), 'client')}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -279,7 +301,8 @@ def _explain(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for line in explain(snapshot, args.client, args.method, arguments):
         print(line)
-    return 0
+    # A script can ask `gatewayctl explain … && …`: a call that would be refused is a refusal.
+    return EXIT_REFUSED if denied(snapshot, args.client, args.method, arguments) else 0
 
 
 # -- verbs that talk to the running daemon -----------------------------------------------------
@@ -369,6 +392,7 @@ def _status(args: argparse.Namespace) -> int:
     print(f"gatewayd {body['version']}  pid {body['pid']}  up {body['uptime_s']:.0f}s  sessions {body['sessions']}  "
           f"pending approvals {body['pending_approvals']}  audit {_audit_health(audit)}")
     sync = "matches the files" if config["in_sync"] else "files on disk differ: run gatewayctl reload"
+    print(f"listening on {body.get('url') or '-'}")
     print(f"config {config['config_dir']}: generation {config['generation']} ({sync})")
     last = config["last_reload"]
     if last is not None and not last["ok"]:

@@ -229,10 +229,12 @@ class Reloader:
         }
 
     def _status_line(self) -> str:
+        # Where it serves stays in the line: `systemctl status` after a reload still says it.
         servers = len(self.state.generation.servers)
+        line = f"serving {self.state.url}: generation {self.generation}, {servers} tool servers"
         if self.last is not None and not self.last.ok:
-            return f"generation {self.generation}, {servers} tool servers; last reload FAILED"
-        return f"generation {self.generation}, {servers} tool servers"
+            return f"{line}; last reload FAILED"
+        return line
 
     # -- watching files ----------------------------------------------------------------------
 

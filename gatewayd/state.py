@@ -38,7 +38,8 @@ class DaemonState:
     inflight: Inflight
     audit: AuditLog
     metrics: Metrics
-    # Host and Origin values served; empty until the daemon knows its port.
+    # Where the MCP endpoint listens, and the Host and Origin values served; empty until the daemon knows its port.
+    url: str = ""
     hosts: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
     # The Prometheus text of the whole daemon, once the daemon has wired it.
