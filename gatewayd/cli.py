@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gatewayd import __version__, display
-from gatewayd.admin import AdminClient, AdminUnavailable
+from gatewayd.admin import CLIENT_TIMEOUT, AdminClient, AdminUnavailable
 from gatewayd.config.edit import (
     client_token_text,
     operator_token_text,
@@ -47,6 +47,10 @@ EXIT_USAGE = 64
 EXIT_UNAVAILABLE = 69
 # An admin verb that reached the daemon but did not do what was asked (e.g. approving a finished approval).
 EXIT_REFUSED = 1
+# `gatewayctl call` waits this long by default: longer than the default confirmation timeout plus a call.
+CALL_WAIT = 600.0
+# A tool's description shown per row by `gatewayctl tools`; --json shows it whole.
+DESCRIPTION_COLUMN = 60
 # Arguments shown per row by `gatewayctl approvals`; --json shows them whole.
 ARGUMENTS_COLUMN = 60
 DEFAULT_POLICY_FILE = "clients.toml"
@@ -198,6 +202,16 @@ def _ctl_parser() -> argparse.ArgumentParser:
     restart = verbs.add_parser("restart", help="restart a tool server's child (and leave the failed state)")
     restart.add_argument("server")
     verbs.add_parser("metrics", help="print the daemon's Prometheus metrics")
+    tools = verbs.add_parser("tools", help="the tools each client (or CLIENT) sees, from the running daemon")
+    tools.add_argument("client", nargs="?")
+    tools.add_argument("--json", action="store_true", help="print the tools/list answers as JSON")
+    call = verbs.add_parser("call", help="call METHOD as CLIENT through the daemon's pipeline (policy, confirmation, "
+                                         "audit), recorded as made by you on its behalf")
+    call.add_argument("client")
+    call.add_argument("method", help="canonical name, e.g. calc.add")
+    call.add_argument("arguments", nargs="?", default=None, help="the call's arguments as a JSON object")
+    call.add_argument("--timeout", type=_duration, default=CALL_WAIT,
+                      help=f"how long to wait for the answer, a confirmation included (default: {CALL_WAIT:g}s)")
     return parser
 
 
@@ -309,13 +323,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _admin(args: argparse.Namespace) -> AdminClient:
+    timeout = getattr(args, "timeout", None) or CLIENT_TIMEOUT
     if args.socket is not None:
-        return AdminClient(args.socket)
+        return AdminClient(args.socket, timeout)
     os.environ.setdefault("GATEWAYD_CONFIG_DIR", str(args.config_dir))
     path = Settings(config_dir=args.config_dir).admin_socket_path()
     if path is None:
         raise AdminUnavailable("the admin socket is turned off in the settings (admin_socket = \"\")")
-    return AdminClient(path)
+    return AdminClient(path, timeout)
 
 
 def _ask(args: argparse.Namespace, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -470,6 +485,47 @@ def _restart(args: argparse.Namespace) -> int:
     return 0 if answer.get("ok") else EXIT_REFUSED
 
 
+def _tools(args: argparse.Namespace) -> int:
+    route = "/tools" + (f"?client={args.client}" if args.client else "")
+    _, body = _ask(args, "GET", route)
+    if not body.get("ok"):
+        _say(str(body.get("message", body)), ok=False)
+        return EXIT_REFUSED
+    if args.json:
+        _print_json(body["clients"])
+        return 0
+    rows: list[tuple[str, ...]] = [("CLIENT", "TOOL", "DESCRIPTION")]
+    for client, tools in body["clients"].items():
+        rows += [(client, tool["name"], _first_line(str(tool.get("description", "")))) for tool in tools]
+        if not tools:
+            rows.append((client, "(none)", ""))
+    _print_table(rows)
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        arguments = json.loads(args.arguments) if args.arguments is not None else None
+    except ValueError as exc:
+        print(f"gatewayctl: arguments are not JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _, body = _ask(args, "POST", "/call", {"client": args.client, "method": args.method, "arguments": arguments})
+    if "answer" not in body:
+        _say(str(body.get("message", body)), ok=False)
+        return EXIT_REFUSED
+    answer = body["answer"]
+    if "error" in answer:
+        print(json.dumps(answer["error"], indent=2, ensure_ascii=True), file=sys.stderr)
+        return EXIT_REFUSED
+    _print_json(answer.get("result"))
+    return 0
+
+
+def _first_line(text: str) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= DESCRIPTION_COLUMN else line[:DESCRIPTION_COLUMN - 1] + "…"
+
+
 def _print_table(rows: list[tuple[str, ...]]) -> None:
     # Escaped before the widths are measured, so the columns line up as printed.
     rows = [tuple(display.shown(cell) for cell in row) for row in rows]
@@ -490,7 +546,7 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
     args = _ctl_parser().parse_args(argv)
     verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain,
              "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status, "reload": _reload,
-             "restart": _restart, "metrics": _metrics, "revoke": _revoke}
+             "restart": _restart, "metrics": _metrics, "revoke": _revoke, "tools": _tools, "call": _call}
     try:
         return verbs[args.verb](args)
     except BrokenPipeError:
