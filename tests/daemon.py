@@ -68,11 +68,12 @@ class Daemon:
     """The real daemon as a subprocess. `async with Daemon(dir) as d:` then use `d.url`."""
 
     def __init__(self, config_dir: Path, *args: str, env: dict[str, str] | None = None,
-                 program: tuple[str, ...] = (sys.executable, "-m", "gatewayd"), cwd: Path | None = None) -> None:
+                 program: tuple[str, ...] | None = None, cwd: Path | None = None) -> None:
         self.config_dir = config_dir
         self.args = args
         self.env = env
-        # How the daemon is started, and where: an installed copy is started by its own script, from anywhere.
+        # How the daemon is started (None: `sys.executable -m gatewayd`, read at start), and where: an installed copy
+        # is started by its own script, from anywhere.
         self.program = program
         self.cwd = cwd or config_dir
         self.url = ""
@@ -83,7 +84,7 @@ class Daemon:
 
     async def __aenter__(self) -> Daemon:
         self.proc = await asyncio.create_subprocess_exec(
-            *self.program, "--config-dir", str(self.config_dir), "--port", "0",
+            *(self.program or (sys.executable, "-m", "gatewayd")), "--config-dir", str(self.config_dir), "--port", "0",
             *self.args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
