@@ -84,7 +84,7 @@ class Daemon:
         await self._site.start()
         port = int(self._runner.addresses[0][1])
         _listen_on(state, port)
-        self.url = state.links.local + MCP_PATH
+        self.url = state.url = state.links.local + MCP_PATH
         await self._admin.start(settings)
         self._spawn(state.pool.start_eager(state.generation.servers), "eager-start")
         self._spawn(self.reloader.serve_requests(), "reload-requests")
@@ -257,8 +257,9 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         gc.freeze()
         if on_ready is not None:
             on_ready(url)
+        servers = len(daemon.state.generation.servers)
         systemd.notify("READY=1", f"STATUS=serving {daemon.state.links.describe()}: "
-                                  f"{len(daemon.state.generation.servers)} tool servers")
+                                  f"{servers} tool server{'' if servers == 1 else 's'}")
         failed = await _first(stop.wait(), daemon.failed)
         logger.info("stopping")
         systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")

@@ -48,6 +48,8 @@ class CallContext:
     emit: Emit | None = None
     on_disconnect: OnDisconnect | None = None
     authority: Authority | None = None
+    # Who made the call on the client's behalf (`gatewayctl call`: the operator), for the audit log; None: the client.
+    operator: str | None = None
 
     def current_principal(self) -> Principal | None:
         """The client's principal in the config generation current now (a reload may have changed or removed it
@@ -131,7 +133,7 @@ class Call:
             # A prefix correlates records without writing a live session id to disk.
             "session": session.id[:SESSION_ID_SHOWN] if session else None,
             "route": self.route, "method": self.method, "request_id": self.request_id,
-            "trace_id": self.trace, **fields,
+            "trace_id": self.trace, **({"by": self.ctx.operator} if self.ctx.operator else {}), **fields,
         }
 
 

@@ -51,6 +51,15 @@ def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Ite
         yield f"  runs on a child of its own for each {config.isolation} (isolation = \"{config.isolation}\")"
 
 
+def denied(snapshot: Snapshot, client: str, method: str, arguments: Any) -> bool:
+    """Whether `client` calling `method` with `arguments` would be refused (what `explain` says first)."""
+    if client not in snapshot.clients:
+        return True
+    server, _, tool = method.partition(".")
+    return decide(principal_for(snapshot, client), method, arguments,
+                  confirm_required=confirm_required(snapshot, server, tool)).decision is Decision.DENY
+
+
 def _why(decision: Decision, reason: str, client: str, method: str) -> str:
     if decision is Decision.ALLOW:
         return f"{client} may call {method}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import (
@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from gatewayd import urls
+from gatewayd.config.models import Duration
 
 DEFAULT_PORT = 8765
 SETTINGS_FILE_NAME = "gatewayd.toml"
@@ -52,6 +53,7 @@ class Settings(BaseSettings):
         "https://gw.example.org (a path, if any, must be /mcp): every link the daemon hands out uses it, and its "
         "host and origin are accepted as Host and Origin besides the loopback names (empty: none)",
     )
+    log_format: Literal["text", "json"] = Field("text", description="text, or json: one JSON object a line")
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="Host header values accepted besides the loopback names with the listen port and the "
@@ -80,15 +82,15 @@ class Settings(BaseSettings):
     max_json_objects: int = Field(50_000, ge=16, description="most JSON objects in one request body (400 above)")
     max_batch: int = Field(32, ge=1, description="most elements in one JSON-RPC batch")
     # Slow-loris: a client that trickles its headers would otherwise hold a connection for ever.
-    header_timeout: float = Field(
+    header_timeout: Duration = Field(
         10.0, gt=0, description="seconds a client has to send a request's headers (then 408 and close)"
     )
     # Bounds a trickled body too; the clock starts with the request's first byte, so it includes the headers.
-    request_timeout: float = Field(
+    request_timeout: Duration = Field(
         30.0, gt=0, description="seconds a client has to send a whole request, body included (then 408 and close)"
     )
     # Long enough to reuse a connection between calls, short enough that idle ones do not hold connection slots.
-    keepalive_timeout: float = Field(75.0, gt=0, description="seconds an idle keep-alive connection stays open")
+    keepalive_timeout: Duration = Field(75.0, gt=0, description="seconds an idle keep-alive connection stays open")
     # Each connection costs a file descriptor; past this the daemon sheds new ones instead of failing on EMFILE.
     max_connections: int = Field(
         1024, ge=1, description="most open client connections; past it new ones get 503 and are closed"
@@ -100,7 +102,7 @@ class Settings(BaseSettings):
         "past it a new one closes the one waiting longest (503 if none has waited 0.1 s)"
     )
     # A real client sends its request the moment it connects; only a socket held open for its own sake waits.
-    unauthenticated_idle_timeout: float = Field(
+    unauthenticated_idle_timeout: Duration = Field(
         2.0, gt=0, description="seconds a connection that has presented no valid token may wait between requests "
         "(then closed)"
     )
@@ -128,7 +130,7 @@ class Settings(BaseSettings):
         description="request bytes one client may send at once above the rate (at least max_body_bytes)",
     )
     # A comment line this often keeps proxies and clients from dropping a quiet stream.
-    sse_keepalive: float = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
+    sse_keepalive: Duration = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
     max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
     # One client's share, so a client that opens sessions in a loop cannot lock everyone else out of `initialize`.
     max_sessions_per_client: int = Field(64, ge=1, description="most MCP sessions one client may hold at once")
@@ -136,7 +138,7 @@ class Settings(BaseSettings):
     max_isolated_children: int = Field(
         256, ge=1, description="most children of isolation = \"client\" or \"session\" servers running at once")
     # A session nobody used for this long is forgotten, so abandoned clients do not pile up.
-    session_idle_timeout: float = Field(3600.0, gt=0, description="seconds before an unused session ends")
+    session_idle_timeout: Duration = Field(3600.0, gt=0, description="seconds before an unused session ends")
     audit_path: str = Field(
         "audit.jsonl",
         description="append-only JSON Lines audit log, relative to config_dir; empty turns auditing off "
@@ -159,12 +161,12 @@ class Settings(BaseSettings):
     approval_page: bool = Field(True, description="serve the web approval page at /approvals (operator tokens)")
     watch_config: bool = Field(True, description="reload when files under tools.d/ or policies/ change")
     # A reload that changes or removes a server lets its calls in flight finish on the old child this long.
-    reload_drain: float = Field(60.0, ge=0, description="seconds a replaced server's calls may run after a reload")
+    reload_drain: Duration = Field(60.0, ge=0, description="seconds a replaced server's calls may run after a reload")
     # A tool server's question put to a caller (relay.py) waits this long for the client's answer; the call's own
     # timeout may end it first. Long by default: a person may be answering it.
-    relay_timeout: float = Field(300.0, gt=0, description="seconds a relayed request waits for the client's answer")
+    relay_timeout: Duration = Field(300.0, gt=0, description="seconds a relayed request waits for the client's answer")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
-    shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
+    shutdown_grace: Duration = Field(10.0, ge=0, description="seconds to drain calls on stop")
 
     @classmethod
     def settings_customise_sources(

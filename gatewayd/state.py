@@ -39,7 +39,8 @@ class DaemonState:
     inflight: Inflight
     audit: AuditLog
     metrics: Metrics
-    # Host and Origin values served; empty until the daemon knows its port.
+    # Where the MCP endpoint listens, and the Host and Origin values served; empty until the daemon knows its port.
+    url: str = ""
     hosts: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
     # The URLs the daemon hands out (urls.py); the listening address until the daemon knows its port.

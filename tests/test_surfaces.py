@@ -246,7 +246,7 @@ def test_prompt_names_reverse_exactly() -> None:
 
 
 def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
-    calc = 'protocol = "jsonrpc"\ncommand = ["x"]\n[methods.add]\n'
+    calc = 'protocol = "jsonrpc"\ncommand = ["true"]\n[methods.add]\n'
     write_config(tmp_path, {"docs": python_command("x.py"), "calc": calc},
                  '[roles.r]\nallow = ["docs.resources/read", "calc.*"]\n', {"c": ["r"]})
     snapshot = load_snapshot(tmp_path)
@@ -260,7 +260,7 @@ def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
 
 
 async def test_a_plain_json_rpc_server_lists_no_resources_or_prompts_and_is_not_started(tmp_path: Path) -> None:
-    write_config(tmp_path, {"calc": 'protocol = "jsonrpc"\ncommand = ["no-such-program"]\n[methods.add]\n'})
+    write_config(tmp_path, {"calc": 'protocol = "jsonrpc"\ncommand = ["true"]\n[methods.add]\n'})
     server = ToolServer("calc", load_snapshot(tmp_path).servers["calc"], tmp_path)
     for kind in ("resources", "resourceTemplates", "prompts"):
         assert await server.surface(kind) == []

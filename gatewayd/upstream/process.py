@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -48,6 +49,8 @@ STDERR_TAIL_CHARS = 300
 # What marks a stderr line as an error (or a traceback's) rather than a child's chatter.
 ERROR_LINE = re.compile(r"error|exception|traceback|fatal|panic|critical|^\s+File \"", re.IGNORECASE)
 # A few child variables a tool server usually needs; everything else must be set in its config.
+# What spawning answers for a program that is not there or may not be run (errno).
+CANNOT_RUN = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR", "VIRTUAL_ENV")
 
 
@@ -187,9 +190,11 @@ class ChildProcess:
                 start_new_session=True,
             )
         except OSError as exc:
+            # A program that is missing or may not be run stays so: retrying the call cannot help.
             raise ToolServerUnavailable(
                 f"tool server {self.name!r} could not start: {exc.strerror or exc}",
-                {"server": self.name, "command": self.argv},
+                {"server": self.name, "command": self.argv,
+                 **({"retryable": False} if exc.errno in CANNOT_RUN else {})},
             ) from exc
         self._proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._stdin = self._proc.stdin
