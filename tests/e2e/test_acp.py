@@ -12,6 +12,7 @@ survives the daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ import pytest
 import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult
 
 from gatewayd.tokens import hash_token, new_token
@@ -267,3 +269,15 @@ async def test_no_agent_outlives_the_daemon(tmp_path: Path) -> None:
         assert turn["result"]["stopReason"] == "end_turn"
         pid = int(session.rsplit("-", 1)[1])
     assert process_gone(pid)
+
+
+async def test_a_client_that_opens_sessions_until_the_limit_is_told_so(rig: Rig) -> None:
+    # `mate` runs an agent per MCP session, at most 4 of one client's at once (max_children_per_client).
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(4):
+            sdk = await stack.enter_async_context(mcp_client(rig, "bob"))
+            assert (await sdk.call_tool("mate__prompt", {"text": "echo here"})).content[0].text == "here"
+        fifth = await stack.enter_async_context(mcp_client(rig, "bob"))
+        with pytest.raises(MCPError) as refused:
+            await fifth.call_tool("mate__prompt", {"text": "echo here"})
+    assert refused.value.error.code == -32014 and "max_children_per_client" in refused.value.error.message
