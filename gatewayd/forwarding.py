@@ -38,7 +38,8 @@ async def forward(call: Call, target: Target, still_allowed: Callable[[], None] 
     on_event, progress = _event_mapper(call.ctx, call.meta)
     budget = _caller_budget(call)
     ctx, server = call.ctx, target.server
-    caller = relay.caller(ctx) if relay is not None else None
+    # A caller without a session (MCP 2026-07-28) brings its own asker (modern.py); others are asked through the relay.
+    caller = ctx.asker if ctx.asker is not None else relay.caller(ctx) if relay is not None else None
     # A per-session child asks its session's client outside calls too (fleet.py); nobody else needs that asker.
     owner = relay.session_caller(ctx) if relay is not None and server.isolation == "session" else None
     host = agents.host(call, server) if agents is not None and server.protocol == "acp" else None

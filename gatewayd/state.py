@@ -18,6 +18,7 @@ from gatewayd.deadlines import Deadlines
 from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
+from gatewayd.listeners import Listeners
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Principal
 from gatewayd.sessions import Sessions
@@ -51,6 +52,11 @@ class DaemonState:
     deadlines: Deadlines = field(default_factory=Deadlines)
     # Large bodies are parsed off the event loop one at a time: a second worker would only share the one GIL.
     big_parses: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    # The `subscriptions/listen` streams of MCP 2026-07-28: they hear what sessions hear.
+    listeners: Listeners = field(default_factory=Listeners)
+
+    def __post_init__(self) -> None:
+        self.sessions.attach(self.listeners)
 
     def principal(self, client: str) -> Principal | None:
         """The client's principal in the current generation; None if it no longer exists."""
