@@ -26,9 +26,9 @@ from typing import Any
 
 import aiohttp
 
-from bench.driver import JsonTarget, LoadResult, SseTarget, Target, client_session, run_load
+from bench.driver import JsonTarget, LoadResult, ModernTarget, SseTarget, Target, client_session, run_load
 from bench.procs import INSTALL_DEADLINE, ServerProcess, bench_env, daemon_argv, install_copy, write_config
-from bench.run import GATEWAYD_JSON, GATEWAYD_SSE, RESULTS_DIR, save
+from bench.run import GATEWAYD_JSON, GATEWAYD_MODERN, GATEWAYD_SSE, RESULTS_DIR, save
 
 SIDES = ("base", "work")
 DEFAULT_PAIRS = 6
@@ -66,8 +66,9 @@ class Side:
         await sse.open_session()
         self.targets = {GATEWAYD_JSON: JsonTarget(GATEWAYD_JSON, http, url, self.token, self.daemon.pid),
                         GATEWAYD_SSE: sse}
-        for target in self.targets.values():
-            await target.call()  # starts the child
+        await self.targets[GATEWAYD_JSON].call()  # starts the child
+        # Only revisions that speak MCP 2026-07-28 have this target (asked for with --targets).
+        self.targets[GATEWAYD_MODERN] = ModernTarget(GATEWAYD_MODERN, http, url, self.token, self.daemon.pid)
 
 
 async def compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -128,14 +129,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"calls in flight (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--targets", default=f"{GATEWAYD_JSON},{GATEWAYD_SSE}",
                         type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
-                        help=f"comma-separated subset of {GATEWAYD_JSON},{GATEWAYD_SSE}")
+                        help=f"comma-separated subset of {GATEWAYD_JSON},{GATEWAYD_SSE},{GATEWAYD_MODERN} (the last "
+                        "only where both revisions speak MCP 2026-07-28)")
     parser.add_argument("--duration", type=float, default=DEFAULT_DURATION,
                         help=f"measured seconds per side and pair (default {DEFAULT_DURATION})")
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP, help=f"default {DEFAULT_WARMUP}")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON record goes")
     args = parser.parse_args(argv)
-    if not set(args.targets) <= {GATEWAYD_JSON, GATEWAYD_SSE} or not args.targets:
-        parser.error(f"--targets: choose from {GATEWAYD_JSON}, {GATEWAYD_SSE}")
+    if not set(args.targets) <= {GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN} or not args.targets:
+        parser.error(f"--targets: choose from {GATEWAYD_JSON}, {GATEWAYD_SSE}, {GATEWAYD_MODERN}")
     if args.pairs < 1 or args.concurrency < 1 or args.duration <= 0 or args.warmup < 0:
         parser.error("--pairs ≥ 1, --concurrency ≥ 1, --duration > 0, --warmup ≥ 0")
     return args

@@ -192,6 +192,25 @@ class SseTarget(_HttpTarget):
         wire.check_tool_result(wire.sse_response(body))
 
 
+class ModernTarget(_HttpTarget):
+    """MCP 2026-07-28 `tools/call`, stateless: no session, the `_meta` envelope and routing headers on every call;
+    a quick answer comes as one JSON body."""
+
+    accept = wire.ACCEPT_SSE
+
+    def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int) -> None:
+        super().__init__(name, http, url, token, server_pid)
+        self.headers = {**self.headers, **wire.MODERN_HEADERS}
+
+    async def call(self) -> None:
+        async with self.http.post(self.url, data=wire.MODERN_TOOL_CALL_BODY, headers=self.headers) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise wire.BadAnswer(f"HTTP {response.status}: {body[:200]!r}")
+        message = wire.sse_response(body) if response.content_type == "text/event-stream" else json.loads(body)
+        wire.check_tool_result(message)
+
+
 # -- the child over stdio ----------------------------------------------------------------------
 
 

@@ -26,7 +26,16 @@ from typing import Any
 
 import aiohttp
 
-from bench.driver import JsonTarget, LoadResult, SseTarget, StdioTarget, Target, client_session, run_load
+from bench.driver import (
+    JsonTarget,
+    LoadResult,
+    ModernTarget,
+    SseTarget,
+    StdioTarget,
+    Target,
+    client_session,
+    run_load,
+)
 from bench.floor import TOKEN_ENV
 from bench.procs import (
     KIB,
@@ -58,9 +67,11 @@ FLOOR = "floor-http"
 RELAY = "floor-relay"
 GATEWAYD_JSON = "gatewayd-json"
 GATEWAYD_SSE = "gatewayd-sse"
+# MCP 2026-07-28: a stateless `tools/call`, no session.
+GATEWAYD_MODERN = "gatewayd-modern"
 CHILD = "child-direct"
-TARGETS = (FLOOR, RELAY, GATEWAYD_JSON, GATEWAYD_SSE, CHILD)
-GATEWAYD_TARGETS = (GATEWAYD_JSON, GATEWAYD_SSE)
+TARGETS = (FLOOR, RELAY, GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN, CHILD)
+GATEWAYD_TARGETS = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN)
 
 # The goals.
 GOAL_RATIO = 0.5
@@ -159,7 +170,7 @@ async def measure_load(config_dir: Path, token: str, args: argparse.Namespace) -
         await child.start()
         sampler = MemorySampler(daemon.pid, MEM_SAMPLE_INTERVAL)
         sampler.start()
-        sessions = [client_session(max_in_flight) for _ in range(4)]
+        sessions = [client_session(max_in_flight) for _ in range(5)]
         sse = SseTarget(GATEWAYD_SSE, sessions[2], daemon_url, token, daemon.pid)
         await sse.open_session()
         by_name: dict[str, Target] = {
@@ -167,6 +178,7 @@ async def measure_load(config_dir: Path, token: str, args: argparse.Namespace) -
             RELAY: JsonTarget(RELAY, sessions[3], relay_url, token, relay.pid),
             GATEWAYD_JSON: JsonTarget(GATEWAYD_JSON, sessions[1], daemon_url, token, daemon.pid),
             GATEWAYD_SSE: sse,
+            GATEWAYD_MODERN: ModernTarget(GATEWAYD_MODERN, sessions[4], daemon_url, token, daemon.pid),
             CHILD: child,
         }
         for target in by_name.values():

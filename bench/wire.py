@@ -47,6 +47,16 @@ INITIALIZE_BODY: Final = compact(request("initialize", {
     "clientInfo": {"name": "gatewayd-bench", "version": "0"},
 }, request_id=0))
 INITIALIZED_BODY: Final = compact({"jsonrpc": "2.0", "method": "notifications/initialized"})
+# MCP 2026-07-28: no session, every request carries its version and the client's capabilities in `_meta`, and its
+# method and name in headers too.
+MODERN_VERSION: Final = "2026-07-28"
+MODERN_HEADERS: Final = {VERSION_HEADER: MODERN_VERSION, "Mcp-Method": "tools/call", "Mcp-Name": TOOL_NAME}
+MODERN_TOOL_CALL_BODY: Final = compact(request("tools/call", {
+    "name": TOOL_NAME, "arguments": ECHO_PARAMS,
+    "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+              "io.modelcontextprotocol/clientCapabilities": {},
+              "io.modelcontextprotocol/clientInfo": {"name": "gatewayd-bench", "version": "0"}},
+}))
 # The floor's canned reply: exactly what gatewayd answers to DIRECT_BODY.
 CANNED_REPLY: Final = compact({"jsonrpc": "2.0", "id": HTTP_CALL_ID, "result": ECHO_PARAMS})
 

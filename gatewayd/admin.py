@@ -8,7 +8,10 @@ so only the daemon's user and root. Nothing here is reachable on the public port
 
 Routes: GET /v1/status, POST /v1/reload, POST /v1/servers/{name}/restart, GET /v1/metrics,
 GET /v1/approvals, POST /v1/approvals/{id}/approve (body {"allow_again_for": seconds} optional),
-POST /v1/approvals/{id}/deny (body {"reason": "..."} optional), DELETE /v1/approvals/{id}/standing.
+POST /v1/approvals/{id}/deny (body {"reason": "..."} optional), DELETE /v1/approvals/{id}/standing,
+GET /v1/tools[?client=NAME] (the tools/list each client, or that one, gets), POST /v1/call (body {"client",
+"method", "arguments"}: a direct call made as that client through Gateway.dispatch — policy, confirmation,
+audit — recorded as made by the operator on the socket).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gatewayd import __version__, approvals, metrics
+from gatewayd import __version__, approvals, calls, metrics
 from gatewayd.errors import GatewayError
+from gatewayd.jsonrpc import Request
 from gatewayd.reloader import Reloader
 from gatewayd.state import DaemonState
 from gatewayd.web import answers
@@ -43,6 +47,8 @@ API = "/v1"
 MAX_BODY_BYTES = 64 * 1024
 # gatewayctl waits this long for an answer: every admin verb answers at once.
 CLIENT_TIMEOUT = 30.0
+# The JSON-RPC id of a `gatewayctl call` (the audit log's request_id).
+CALL_ID = "gatewayctl-call"
 # Probing whether an existing socket belongs to a live daemon.
 PROBE_TIMEOUT = 1.0
 
@@ -70,6 +76,8 @@ def create_app(state: DaemonState, reloader: Reloader) -> web.Application:
     app.router.add_get(f"{API}/approvals", _approvals)
     app.router.add_post(API + "/approvals/{id}/{verdict:approve|deny}", _decide)
     app.router.add_delete(API + "/approvals/{id}/standing", _revoke)
+    app.router.add_get(f"{API}/tools", _tools)
+    app.router.add_post(f"{API}/call", _call)
     return app
 
 
@@ -124,6 +132,7 @@ async def _status(request: web.Request) -> web.Response:
     servers = {name: server.status() for name, server in sorted(state.generation.servers.items())}
     return web.json_response({
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - request.app[STARTED], 3),
+        "url": state.url,
         "config": await request.app[RELOADER].status(), "servers": servers,
         "retiring": [server.status() for server in state.pool.retiring],
         "sessions": len(sessions), "session_list": [session.view() for session in sessions.all()],
@@ -187,6 +196,42 @@ async def _decide(request: web.Request) -> web.Response:
     return web.json_response(body, status=status)
 
 
+async def _tools(request: web.Request) -> web.Response:
+    """What `tools/list` answers each client (or the one named), from the running config."""
+    state = request.app[STATE]
+    generation = state.generation
+    names = sorted(generation.snapshot.clients)
+    wanted = request.query.get("client")
+    if wanted is not None:
+        if wanted not in names:
+            return web.json_response({"ok": False, "message": f"no client {wanted!r}"}, status=404)
+        names = [wanted]
+    listed: dict[str, Any] = {}
+    for name in names:
+        principal = generation.principal(name)
+        if principal is not None:
+            listed[name] = (await state.gateway.catalog.list_tools(principal, generation.servers))["tools"]
+    return web.json_response({"ok": True, "clients": listed})
+
+
+async def _call(request: web.Request) -> web.Response:
+    """A direct call as a client, through the daemon's own pipeline; recorded as the operator's, on its behalf."""
+    body = await _body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("client"), str) or not isinstance(body.get("method"), str):
+        raise web.HTTPBadRequest(text='body must be {"client": NAME, "method": "server.method", "arguments": {...}}')
+    state = request.app[STATE]
+    generation = state.generation
+    principal = generation.principal(body["client"])
+    if principal is None:
+        return web.json_response({"ok": False, "message": f"no client {body['client']!r}"}, status=404)
+    by = f"operator {peer(request)} (gatewayctl call)"
+    logger.info("%s calls %s as client %s", by, str(body["method"])[:200], principal.name)
+    # No session and no stream: a call that needs confirmation waits for gatewayctl approve or the web page.
+    ctx = calls.CallContext(principal, generation.servers, authority=state.principal, operator=by)
+    answer = await state.gateway.dispatch(ctx, Request(CALL_ID, body["method"], body.get("arguments")))
+    return web.json_response({"ok": "error" not in answer, "answer": answer})
+
+
 async def _body(request: web.Request) -> Any:
     if not request.can_read_body:
         return None
@@ -202,8 +247,10 @@ async def _body(request: web.Request) -> Any:
 class AdminClient:
     """gatewayctl's side: one request to the daemon's admin socket, answered as (status, JSON body)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, timeout: float = CLIENT_TIMEOUT) -> None:
         self.path = path
+        # `gatewayctl call` waits longer: its call may wait for a person's confirmation.
+        self.timeout = timeout
 
     async def call(self, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         """Send one admin request; its status and JSON answer. Raises AdminUnavailable with a readable reason if
@@ -220,7 +267,7 @@ class AdminClient:
     async def _request(self, method: str, route: str, body: dict[str, Any] | None) -> tuple[int, str]:
         self._check_socket()
         connector = aiohttp.UnixConnector(path=str(self.path))
-        timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT)
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
         try:
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
                     session.request(method, f"http://gatewayd{API}{route}", json=body) as response:
@@ -228,7 +275,7 @@ class AdminClient:
         except aiohttp.ClientConnectorError as exc:
             raise AdminUnavailable(self._why(exc.os_error)) from exc
         except TimeoutError as exc:
-            raise AdminUnavailable(f"gatewayd did not answer on {self.path} within {CLIENT_TIMEOUT:g}s") from exc
+            raise AdminUnavailable(f"gatewayd did not answer on {self.path} within {self.timeout:g}s") from exc
 
     def _check_socket(self) -> None:
         if not self.path.exists():

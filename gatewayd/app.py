@@ -32,6 +32,7 @@ from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
 from gatewayd.metrics import Metrics
+from gatewayd.paging import Pager
 from gatewayd.records import Records
 from gatewayd.relay import Relay
 from gatewayd.reloader import Reloader
@@ -41,8 +42,8 @@ from gatewayd.state import DaemonState
 from gatewayd.surfaces import Surfaces
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import State
-from gatewayd.web import console
-from gatewayd.web.app import MCP_PATH, create_app
+from gatewayd.urls import MCP_PATH
+from gatewayd.web.app import create_app
 from gatewayd.web.limits import ConnectionLimits, LimitedRunner, fit_open_file_limit, limit_loop_error_reports
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class Daemon:
         await self._site.start()
         port = int(self._runner.addresses[0][1])
         _listen_on(state, port)
-        self.url = f"http://{_url_host(settings.host)}:{port}{MCP_PATH}"
+        self.url = state.url = state.links.local + MCP_PATH
         await self._admin.start(settings)
         self._spawn(state.pool.start_eager(state.generation.servers), "eager-start")
         self._spawn(self.reloader.serve_requests(), "reload-requests")
@@ -93,8 +94,8 @@ class Daemon:
             self._spawn(systemd.watchdog(interval), "watchdog")
         if settings.watch_config:
             self._watcher = self._spawn(self.reloader.watch(), "config-watch")
-        logger.info("listening on %s (%d tool servers, %d clients)", self.url, len(state.generation.servers),
-                    len(state.generation.snapshot.clients))
+        logger.info("listening on %s (%d tool servers, %d clients)", state.links.describe(),
+                    len(state.generation.servers), len(state.generation.snapshot.clients))
         return self.url
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -133,6 +134,7 @@ class Daemon:
             if self._serving:
                 await self._runner.cleanup()
         finally:
+            await state.gateway.surfaces.close()
             await state.pool.stop_all(state.generation.servers)
             # Last, so the outcomes of calls that finished while draining are written.
             await state.audit.close()
@@ -144,7 +146,8 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     sessions = Sessions(settings.max_sessions, settings.session_idle_timeout, settings.max_sessions_per_client)
     pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name),
                 on_surface_event=lambda name, message: told(name, message),
-                max_isolated_children=settings.max_isolated_children)
+                max_isolated_children=settings.max_isolated_children,
+                on_child_up=lambda server: gateway.surfaces.child_up(server))
 
     def told(name: str, message: dict[str, Any]) -> None:
         if message.get("method") == tasks.STATUS:
@@ -155,9 +158,10 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     audit_log = AuditLog(settings.audit_file(), reserve_bytes=settings.audit_reserve_bytes)
     metrics, registry, inflight = Metrics(), Approvals(), Inflight()
     records = Records(audit_log, metrics)
-    catalog = Catalog(settings.tool_name_separator)
-    gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, Surfaces(catalog),
-                      Relay(records))
+    catalog = Catalog(settings.tool_name_separator, settings.tool_name_max_chars, settings.tool_name_dots)
+    owners = Surfaces(catalog, lambda client: state.generation.principal(client), lambda: state.generation.servers)
+    gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, owners,
+                      Relay(records, settings.relay_timeout), Pager(settings.list_page_size))
     state = DaemonState(settings, Generation.first(snapshot, pool), pool, gateway, sessions, registry, inflight,
                         audit_log, metrics)
     return state
@@ -217,12 +221,13 @@ def _collector_gauges() -> Iterable[tuple[str, str, dict[str, str], float]]:
 
 
 def _listen_on(state: DaemonState, port: int) -> None:
-    """Accept the Host and Origin values that belong to the port we actually listen on; say where the approval
-    page is."""
+    """Accept the Host and Origin values that belong to the port we actually listen on (and the public URL's);
+    say where the approval page is, as clients reach it."""
     state.hosts = frozenset(state.settings.hosts(port))
     state.origins = frozenset(state.settings.origins(port))
+    state.links = state.settings.links(port)
     if state.settings.approval_page:
-        state.gateway.gate.approval_url = f"http://{_url_host(state.settings.host)}:{port}{console.PAGE_PATH}"
+        state.gateway.gate.approval_url = state.links.approval_page
 
 
 def make_runner(state: DaemonState) -> web.AppRunner:
@@ -254,7 +259,9 @@ async def serve(settings: Settings, on_ready: Callable[[str], None] | None = Non
         gc.freeze()
         if on_ready is not None:
             on_ready(url)
-        systemd.notify("READY=1", f"STATUS=serving {url}: {len(daemon.state.generation.servers)} tool servers")
+        servers = len(daemon.state.generation.servers)
+        systemd.notify("READY=1", f"STATUS=serving {daemon.state.links.describe()}: "
+                                  f"{servers} tool server{'' if servers == 1 else 's'}")
         failed = await _first(stop.wait(), daemon.failed)
         logger.info("stopping")
         systemd.notify("STOPPING=1", "STATUS=stopping: draining calls")
@@ -311,9 +318,3 @@ class AdminSocket:
             await self._runner.cleanup()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", "::", ""):
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host

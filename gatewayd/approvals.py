@@ -27,8 +27,9 @@ from gatewayd.errors import InvalidParams, Overloaded
 
 logger = logging.getLogger(__name__)
 
-# Channels: `gatewayctl approve` on the admin socket always works; the others are per policy.
-CLI = "cli"
+# Channels: `gatewayctl approve` on the admin socket always works; the others are per policy. It is named
+# "gatewayctl", as `gatewayctl explain` names it (until 0.x it was "cli" in the approvals JSON and the audit log).
+CLI = "gatewayctl"
 CLIENT = "client"
 WEB = "web"
 # How a call approved by an operator's "allow again" was decided (no person was asked this time).

@@ -19,7 +19,7 @@ from typing import Any
 from gatewayd import audit
 from gatewayd.policy import Principal
 from gatewayd.sessions import SESSION_ID_SHOWN, Session
-from gatewayd.upstream.api import Upstream
+from gatewayd.upstream.api import Caller, Upstream
 
 # How a call reached the gateway, as the audit log names it.
 DIRECT = "direct"
@@ -40,7 +40,8 @@ Authority = Callable[[str], Principal | None]
 class CallContext:
     """Who is calling, with which tool servers (its request's config generation, kept to its end), in which
     session, where the call's notifications go (None: nowhere), how to learn that the caller went away
-    (None: never known), and how to look up what the client may do now (None: `principal` stays right)."""
+    (None: never known), how to look up what the client may do now (None: `principal` stays right), and who the
+    server's own requests go to without a session."""
 
     principal: Principal
     servers: Mapping[str, Upstream]
@@ -48,6 +49,11 @@ class CallContext:
     emit: Emit | None = None
     on_disconnect: OnDisconnect | None = None
     authority: Authority | None = None
+    # Who made the call on the client's behalf (`gatewayctl call`: the operator), for the audit log; None: the client.
+    operator: str | None = None
+    # Who the call's server's own requests are put to when the caller has no session to be asked on (MCP 2026-07-28,
+    # modern.py); None: the relay decides (relay.py).
+    asker: Caller | None = None
 
     def current_principal(self) -> Principal | None:
         """The client's principal in the config generation current now (a reload may have changed or removed it
@@ -131,7 +137,7 @@ class Call:
             # A prefix correlates records without writing a live session id to disk.
             "session": session.id[:SESSION_ID_SHOWN] if session else None,
             "route": self.route, "method": self.method, "request_id": self.request_id,
-            "trace_id": self.trace, **fields,
+            "trace_id": self.trace, **({"by": self.ctx.operator} if self.ctx.operator else {}), **fields,
         }
 
 

@@ -1,11 +1,14 @@
-"""What each client may see: MCP tool names, the aggregated `tools/list`, and who hears that it changed.
+"""What each client may see: MCP tool and prompt names, the aggregated `tools/list`, and who hears that it changed.
 
-Owns the tool name format (`<server><separator><tool>`, checked against the alphabet LLM APIs accept,
-reversed exactly) and the prompt name format (`<server><separator><prompt>`, reversed exactly), listing
-every tool a principal may call across the servers of its generation in a deterministic order (marking
-those that wait for a person), and choosing which sessions are told
-`notifications/tools/list_changed`. Does not own the decision itself (policy.py) or routing a call
-(routing.py).
+Owns the exposure name format of tools and prompts — `<prefix><separator><name>`, `prefix` a server's tools.d
+`prefix` (its name by default), or the name alone for a server whose `prefix = ""` — and reversing it exactly:
+tool names are checked against the alphabet and length LLM APIs accept (`^[A-Za-z0-9_-]{1,64}$`, settings
+`tool_name_max_chars` up to MCP's 128 and `tool_name_dots`); listing every tool a principal may call across
+the servers of its generation in a deterministic order (marking those that wait for a person); and choosing
+which sessions are told `notifications/tools/list_changed`. Two servers that would give one name to two tools
+or prompts (only servers without a prefix can) are resolved one way everywhere: the first in listing order
+(servers with a prefix, then those without, each in name order) has it, a warning is logged. Does not own
+the decision itself (policy.py) or routing a call (routing.py).
 """
 
 from __future__ import annotations
@@ -24,20 +27,29 @@ from gatewayd.upstream.api import ToolDef, Upstream
 
 logger = logging.getLogger(__name__)
 
-# LLM APIs reject tool names outside this alphabet and length (MCP's own guidance agrees).
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# LLM APIs reject tool names outside this alphabet and length; MCP 2025-11-25 allows '.' too, and 128 characters.
+DEFAULT_MAX_TOOL_NAME_CHARS = 64
+MAX_TOOL_NAME_CHARS = 128
 # A prompt's own name may use any characters; it is only kept to a sane length.
 MAX_PROMPT_CHARS = 256
+# The longest tools.d `prefix` (config/models.py), which a prompt name as clients see it may carry.
+MAX_PREFIX_CHARS = 64
 CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "
 CONFIRM_META = "io.gatewayd/requiresConfirmation"
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 
 
 class Catalog:
-    """Tool names in one format, and the tools a principal may see."""
+    """Tool and prompt names in one format, and the tools a principal may see."""
 
-    def __init__(self, separator: str = "__") -> None:
+    def __init__(self, separator: str = "__", max_tool_chars: int = DEFAULT_MAX_TOOL_NAME_CHARS,
+                 dots: bool = False) -> None:
+        if not 1 <= max_tool_chars <= MAX_TOOL_NAME_CHARS:
+            raise ValueError(f"tool names are 1..{MAX_TOOL_NAME_CHARS} characters")
         self.separator = separator
+        self.max_tool_chars = max_tool_chars
+        self._alphabet = f"A-Za-z0-9_{'.' if dots else ''}-"
+        self._tool_name = re.compile(rf"[{self._alphabet}]{{1,{max_tool_chars}}}")
         # The last server table indexed by prefix (a generation's table stays the same object while it is current).
         self._indexed: tuple[Mapping[str, Upstream], dict[str, Upstream], list[Upstream]] | None = None
 
@@ -45,7 +57,7 @@ class Catalog:
         """The MCP tool name of `method` of a server exposed under `prefix` ("": the method's own name), or None
         when it cannot be a valid one."""
         name = f"{prefix}{self.separator}{method}" if prefix else method
-        return name if TOOL_NAME.fullmatch(name) else None
+        return name if self._tool_name.fullmatch(name) else None
 
     async def find_tool(
         self, name: str, principal: Principal, servers: Mapping[str, Upstream]
@@ -53,17 +65,34 @@ class Catalog:
         """The server and method an MCP tool name stands for: the server whose prefix it starts with, else the first
         server (in name order) exposed without a prefix that offers it and that the principal may see. Exact: no
         folding of any kind."""
-        if not TOOL_NAME.fullmatch(name):
+        if not self._tool_name.fullmatch(name):
             return None
         prefixed, bare = self._index(servers)
         prefix, sep, method = name.partition(self.separator)
         server = prefixed.get(prefix) if sep and method else None
         if server is not None:
             return server, method
+        # A prefix may hold the separator itself (`my_server` with `_`): the later splits too.
+        found = self._prefixed(name, prefixed) if sep else []
+        if found:
+            return found[0]
         for candidate in bare:
             if policy.may_see_server(principal, candidate.name) and await candidate.has_tool(name):
                 return candidate, name
         return None
+
+    def _prefixed(self, name: str, prefixed: dict[str, Upstream]) -> list[tuple[Upstream, str]]:
+        """(server, its own name) for every split of `name` at a separator whose left part is a server's prefix, in
+        listing order."""
+        found: list[tuple[Upstream, str]] = []
+        at = name.find(self.separator)
+        while at > 0:
+            rest = name[at + len(self.separator):]
+            server = prefixed.get(name[:at])
+            if server is not None and rest:
+                found.append((server, rest))
+            at = name.find(self.separator, at + 1)
+        return sorted(found, key=lambda pair: pair[0].name)
 
     def _index(self, servers: Mapping[str, Upstream]) -> tuple[dict[str, Upstream], list[Upstream]]:
         """Servers by prefix, and those without one in name order; made once per generation's server table."""
@@ -73,20 +102,24 @@ class Catalog:
             self._indexed = (servers, prefixed, bare)
         return self._indexed[1], self._indexed[2]
 
-    def prompt_name(self, server: str, prompt: str) -> str | None:
-        """The name clients see for `server`'s prompt, or None when it could not be reversed exactly (a server name
-        holding the separator, an empty or overlong prompt name)."""
-        if self.separator in server or not prompt or len(prompt) > MAX_PROMPT_CHARS:
+    def prompt_name(self, prefix: str, prompt: str) -> str | None:
+        """The name clients see for a prompt of a server exposed under `prefix` ("": the prompt's own name), or None
+        for an empty or overlong prompt name."""
+        if not prompt or len(prompt) > MAX_PROMPT_CHARS:
             return None
-        return f"{server}{self.separator}{prompt}"
+        return f"{prefix}{self.separator}{prompt}" if prefix else prompt
 
-    def split_prompt(self, name: str) -> tuple[str, str] | None:
-        """(server, prompt) of a prompt name as clients see it, or None when it cannot be one. Exact: the server
-        part ends at the first separator (server names never hold it), nothing is folded."""
-        server, sep, prompt = name.partition(self.separator)
-        if not sep or not server or not prompt or len(prompt) > MAX_PROMPT_CHARS:
-            return None
-        return server, prompt
+    def prompt_candidates(self, name: str, servers: Mapping[str, Upstream]) -> list[tuple[Upstream, str]]:
+        """Who a prompt name as clients see it may stand for, in listing order: (server, the server's own prompt
+        name) for each server with a prefix it starts with, then (server, `name`) for each server without one. The
+        first of them the client may use and that lists that prompt has it (as in the listing)."""
+        if not name or len(name) > MAX_PROMPT_CHARS + len(self.separator) + MAX_PREFIX_CHARS:
+            return []
+        prefixed, bare = self._index(servers)
+        found = [(server, own) for server, own in self._prefixed(name, prefixed) if len(own) <= MAX_PROMPT_CHARS]
+        if len(name) <= MAX_PROMPT_CHARS:
+            found += [(server, name) for server in bare]
+        return found
 
     async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> dict[str, Any]:
         """Every tool the principal may call, across servers, in a deterministic order."""
@@ -94,14 +127,14 @@ class Catalog:
         listed = await asyncio.gather(*(self._visible_tools(principal, s) for s in visible), return_exceptions=True)
         tools: list[dict[str, Any]] = []
         names: set[str] = set()
-        for server, result in sorted(zip(visible, listed, strict=True), key=lambda pair: _listing_order(pair[0])):
+        for server, result in sorted(zip(visible, listed, strict=True), key=lambda pair: listing_order(pair[0])):
             if isinstance(result, BaseException):
                 logger.warning("server=%s left out of tools/list: %s", server.name, result)
                 continue
             for tool in sorted(result, key=lambda t: t.method):
                 described = self._describe(principal, server, tool)
                 if described and described["name"] in names:
-                    # Only servers without a prefix can collide; calls go to the first (find_tool): so does the list.
+                    # Calls go to the first (find_tool): so does the list.
                     logger.warning("server=%s tool %r left out of tools/list: another server's has its name",
                                    server.name, tool.method)
                 elif described:
@@ -117,7 +150,9 @@ class Catalog:
     def _describe(self, principal: Principal, server: Upstream, tool: ToolDef) -> dict[str, Any]:
         name = self.tool_name(server.prefix, tool.method)
         if name is None:
-            logger.warning("server=%s tool %r has no valid MCP name; call it directly", server.name, tool.method)
+            logger.warning("server=%s tool %.200r left out of tools/list: its MCP name is not 1..%d characters of "
+                           "[%s]; call it directly as %s.<tool>", server.name, tool.method, self.max_tool_chars,
+                           self._alphabet, server.name)
             return {}
         if tool.raw is not None:
             described = {**tool.raw, "name": name}
@@ -130,8 +165,8 @@ class Catalog:
         return described
 
 
-def _listing_order(server: Upstream) -> tuple[bool, str]:
-    """Servers with a prefix first (their names cannot collide), then those without, in name order."""
+def listing_order(server: Upstream) -> tuple[bool, str]:
+    """Servers with a prefix first, then those without, each in name order: who has a name two servers give."""
     return (not server.prefix, server.name)
 
 

@@ -25,13 +25,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gatewayd import __version__, display
-from gatewayd.admin import AdminClient, AdminUnavailable
-from gatewayd.config.edit import set_client_token, set_operator_token
-from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, load_snapshot
+from gatewayd import __version__, display, urls
+from gatewayd.admin import CLIENT_TIMEOUT, AdminClient, AdminUnavailable
+from gatewayd.config.edit import (
+    client_token_text,
+    operator_token_text,
+    set_client_token,
+    set_operator_token,
+    write_atomic,
+)
+from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, Snapshot, defined_in, load_snapshot
 from gatewayd.config.models import parse_duration
 from gatewayd.errors import ConfigError
-from gatewayd.explain import explain
+from gatewayd.explain import denied, explain
 from gatewayd.settings import Settings, describe
 from gatewayd.tokens import hash_token, new_token
 
@@ -41,6 +47,10 @@ EXIT_USAGE = 64
 EXIT_UNAVAILABLE = 69
 # An admin verb that reached the daemon but did not do what was asked (e.g. approving a finished approval).
 EXIT_REFUSED = 1
+# `gatewayctl call` waits this long by default: longer than the default confirmation timeout plus a call.
+CALL_WAIT = 600.0
+# A tool's description shown per row by `gatewayctl tools`; --json shows it whole.
+DESCRIPTION_COLUMN = 60
 # Arguments shown per row by `gatewayctl approvals`; --json shows them whole.
 ARGUMENTS_COLUMN = 60
 DEFAULT_POLICY_FILE = "clients.toml"
@@ -52,12 +62,28 @@ DEV_OPERATOR = "dev-operator"
 DEV_OPERATOR_TOKEN_FILE = ".gatewayd-dev-operator-token"
 
 
-def setup_logging(level: str) -> None:
-    """One line per event on stderr; journald adds its own timestamps."""
-    fmt = "%(levelname)s %(name)s: %(message)s"
-    if "JOURNAL_STREAM" not in os.environ:
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message (and the traceback, if any), for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=True)
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
+    """One line per event on stderr, as text (journald adds its own timestamps) or as JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        fmt = "%(levelname)s %(name)s: %(message)s"
+        if "JOURNAL_STREAM" not in os.environ:
+            fmt = "%(asctime)s " + fmt
+        handler.setFormatter(logging.Formatter(fmt))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     # watchfiles logs every batch of changes at INFO; the reloader logs what it did with them.
     logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
@@ -107,13 +133,12 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
         for detail in exc.errors():
             print(f"gatewayd: setting {'.'.join(map(str, detail['loc']))}: {detail['msg']}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     # A hang that the systemd watchdog ends with SIGABRT leaves every thread's stack in the journal.
     faulthandler.enable()
     try:
         if args.check:
-            snapshot = load_snapshot(settings.config_dir)
-            print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
+            print(_config_ok(load_snapshot(settings.config_dir)))
             return 0
         from gatewayd.app import serve
 
@@ -143,7 +168,12 @@ def _ctl_parser() -> argparse.ArgumentParser:
     kind.add_argument("--operator", action="store_true",
                       help="make an operator token (approves calls on the web page) instead of a client's")
     kind.add_argument("--scraper", action="store_true", help="make a token that can only read /metrics")
-    new.add_argument("--policy-file", type=Path, help=f"policy file to write (default: policies/{DEFAULT_POLICY_FILE})")
+    new.add_argument("--policy-file", type=Path,
+                     help=f"policy file to write, in DIR/policies (default: the one defining NAME, else "
+                          f"{DEFAULT_POLICY_FILE})")
+    new.add_argument("--replace", action="store_true",
+                     help="give an existing NAME a new token; its old one stops working (its roles stay unless "
+                          "--role is given)")
     dev = verbs.add_parser("dev-client", help="make sure the local development client exists; print its token")
     dev.add_argument("--url", default="http://127.0.0.1:8765/mcp", help="endpoint to print")
     check = verbs.add_parser("check", help="validate a config directory without running it (exit 0: valid, 2: not)")
@@ -172,24 +202,66 @@ def _ctl_parser() -> argparse.ArgumentParser:
     restart = verbs.add_parser("restart", help="restart a tool server's child (and leave the failed state)")
     restart.add_argument("server")
     verbs.add_parser("metrics", help="print the daemon's Prometheus metrics")
+    tools = verbs.add_parser("tools", help="the tools each client (or CLIENT) sees, from the running daemon")
+    tools.add_argument("client", nargs="?")
+    tools.add_argument("--json", action="store_true", help="print the tools/list answers as JSON")
+    call = verbs.add_parser("call", help="call METHOD as CLIENT through the daemon's pipeline (policy, confirmation, "
+                                         "audit), recorded as made by you on its behalf")
+    call.add_argument("client")
+    call.add_argument("method", help="canonical name, e.g. calc.add")
+    call.add_argument("arguments", nargs="?", default=None, help="the call's arguments as a JSON object")
+    call.add_argument("--timeout", type=_duration, default=CALL_WAIT,
+                      help=f"how long to wait for the answer, a confirmation included (default: {CALL_WAIT:g}s)")
     return parser
 
 
 def _token_new(args: argparse.Namespace) -> int:
-    path = args.policy_file or args.config_dir / POLICIES_DIR / DEFAULT_POLICY_FILE
-    token = new_token()
+    """Make a token; the policy file is written only if the whole config, with it, is one a reload accepts."""
     kind = "operator" if args.operator else "scraper" if args.scraper else "client"
-    if kind != "client":
-        if args.roles:
-            print(f"gatewayctl: a {kind} has no roles; drop --role", file=sys.stderr)
-            return EXIT_USAGE
-        set_operator_token(path, args.client, hash_token(token), kind=f"{kind}s")
+    table = f"{kind}s"
+    key = f"{table}.{args.client}"
+    if kind != "client" and args.roles:
+        print(f"gatewayctl: a {kind} has no roles; drop --role", file=sys.stderr)
+        return EXIT_USAGE
+    existing = defined_in(args.config_dir, table, args.client)
+    path = _policy_file(args, existing)
+    if existing is not None and not args.replace:
+        raise ConfigError(str(existing.absolute()), key, "already exists; pass --replace to give it a new token "
+                          "(the old one stops working)")
+    if existing is None and args.replace:
+        raise ConfigError(str(path.absolute()), key, f"no {kind} {args.client!r} to replace")
+    if kind == "client" and existing is None and not args.roles:
+        raise ConfigError(str(path.absolute()), f"{key}.roles", "a new client needs at least one --role "
+                          "(with none it may call nothing)")
+    token = new_token()
+    if kind == "client":
+        text = client_token_text(path, args.client, hash_token(token), args.roles)
     else:
-        set_client_token(path, args.client, hash_token(token), args.roles)
+        text = operator_token_text(path, args.client, hash_token(token), kind=table)
+    try:
+        load_snapshot(args.config_dir, {path.absolute(): text})
+    except ConfigInvalid as exc:
+        _config_errors("gatewayctl", exc)
+        print(f"gatewayctl: nothing written: a reload would refuse the config with {path} changed", file=sys.stderr)
+        return EXIT_CONFIG
+    write_atomic(path, text)
     print(token)
     print(f"gatewayctl: stored the hash for {kind} {args.client!r} in {path}; the token is shown only once",
           file=sys.stderr)
     return 0
+
+
+def _policy_file(args: argparse.Namespace, existing: Path | None) -> Path:
+    """Where the token goes: --policy-file (a bare name is one in DIR/policies), else the file that already defines
+    the name, else the default. Only files in DIR/policies are read by the daemon."""
+    policies = args.config_dir / POLICIES_DIR
+    given: Path | None = args.policy_file
+    if given is None:
+        return existing or policies / DEFAULT_POLICY_FILE
+    path = policies / given if given.parent == Path(".") else given
+    if path.absolute().parent != policies.absolute():
+        raise ConfigError(str(path.absolute()), "", f"the daemon reads policy files only from {policies.absolute()}")
+    return path
 
 
 def _dev_client(args: argparse.Namespace) -> int:
@@ -198,16 +270,32 @@ def _dev_client(args: argparse.Namespace) -> int:
                        lambda digest: set_client_token(policy_file, DEV_CLIENT, digest, [DEV_ROLE]))
     operator = _dev_token(args.config_dir / DEV_OPERATOR_TOKEN_FILE, policy_file,
                           lambda digest: set_operator_token(policy_file, DEV_OPERATOR, digest))
-    base = args.url.rsplit("/", 1)[0]
-    curl = f"curl -s {args.url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -d "
-    print(f"endpoint:  {args.url}")
+    links = _dev_links(args)
+    if links is None:
+        return EXIT_CONFIG
+    url = links.endpoint
+    curl = f"curl -s {url} -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' -d "
+    print(f"endpoint:  {url}" + (f"   (through the proxy; the daemon listens on {args.url})" if links.public else ""))
     print(f"token:     {token}   (client {DEV_CLIENT!r}, kept in {DEV_TOKEN_FILE})")
     print(f"try:       {curl}'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"calc.add\",\"params\":{{\"a\":2,\"b\":3}}}}'")
     print(f"confirm:   {curl}'{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"shell.run\",\"params\":"
           "{\"command\":\"uname -a\"}}'")
     print("           waits for a person: `.venv/bin/gatewayctl approvals`, then `.venv/bin/gatewayctl approve ID`,")
-    print(f"           or {base}/approvals with the operator token {operator}")
+    print(f"           or {links.approval_page} with the operator token {operator}")
     return 0
+
+
+def _dev_links(args: argparse.Namespace) -> urls.Links | None:
+    """Where the printed lines point: the settings' public_url when there is one, else --url; None (said why) if
+    the settings are invalid."""
+    os.environ.setdefault("GATEWAYD_CONFIG_DIR", str(args.config_dir))
+    try:
+        public = Settings(config_dir=args.config_dir).public()
+    except ValidationError as exc:
+        for detail in exc.errors():
+            print(f"gatewayctl: setting {'.'.join(map(str, detail['loc']))}: {detail['msg']}", file=sys.stderr)
+        return None
+    return urls.Links(args.url.rsplit("/", 1)[0], public)
 
 
 def _dev_token(token_file: Path, policy_file: Path, store: Callable[[str], None]) -> str:
@@ -222,9 +310,16 @@ def _dev_token(token_file: Path, policy_file: Path, store: Callable[[str], None]
 
 
 def _check(args: argparse.Namespace) -> int:
-    snapshot = load_snapshot(args.directory or args.config_dir)
-    print(f"config OK: {len(snapshot.servers)} tool servers, {len(snapshot.clients)} clients")
+    print(_config_ok(load_snapshot(args.directory or args.config_dir)))
     return 0
+
+
+def _config_ok(snapshot: Snapshot) -> str:
+    return f"config OK: {_count(len(snapshot.servers), 'tool server')}, {_count(len(snapshot.clients), 'client')}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -236,20 +331,22 @@ def _explain(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for line in explain(snapshot, args.client, args.method, arguments):
         print(line)
-    return 0
+    # A script can ask `gatewayctl explain … && …`: a call that would be refused is a refusal.
+    return EXIT_REFUSED if denied(snapshot, args.client, args.method, arguments) else 0
 
 
 # -- verbs that talk to the running daemon -----------------------------------------------------
 
 
 def _admin(args: argparse.Namespace) -> AdminClient:
+    timeout = getattr(args, "timeout", None) or CLIENT_TIMEOUT
     if args.socket is not None:
-        return AdminClient(args.socket)
+        return AdminClient(args.socket, timeout)
     os.environ.setdefault("GATEWAYD_CONFIG_DIR", str(args.config_dir))
     path = Settings(config_dir=args.config_dir).admin_socket_path()
     if path is None:
         raise AdminUnavailable("the admin socket is turned off in the settings (admin_socket = \"\")")
-    return AdminClient(path)
+    return AdminClient(path, timeout)
 
 
 def _ask(args: argparse.Namespace, method: str, route: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -326,6 +423,7 @@ def _status(args: argparse.Namespace) -> int:
     print(f"gatewayd {body['version']}  pid {body['pid']}  up {body['uptime_s']:.0f}s  sessions {body['sessions']}  "
           f"pending approvals {body['pending_approvals']}  audit {_audit_health(audit)}")
     sync = "matches the files" if config["in_sync"] else "files on disk differ: run gatewayctl reload"
+    print(f"listening on {body.get('url') or '-'}")
     print(f"config {config['config_dir']}: generation {config['generation']} ({sync})")
     last = config["last_reload"]
     if last is not None and not last["ok"]:
@@ -403,6 +501,47 @@ def _restart(args: argparse.Namespace) -> int:
     return 0 if answer.get("ok") else EXIT_REFUSED
 
 
+def _tools(args: argparse.Namespace) -> int:
+    route = "/tools" + (f"?client={args.client}" if args.client else "")
+    _, body = _ask(args, "GET", route)
+    if not body.get("ok"):
+        _say(str(body.get("message", body)), ok=False)
+        return EXIT_REFUSED
+    if args.json:
+        _print_json(body["clients"])
+        return 0
+    rows: list[tuple[str, ...]] = [("CLIENT", "TOOL", "DESCRIPTION")]
+    for client, tools in body["clients"].items():
+        rows += [(client, tool["name"], _first_line(str(tool.get("description", "")))) for tool in tools]
+        if not tools:
+            rows.append((client, "(none)", ""))
+    _print_table(rows)
+    return 0
+
+
+def _call(args: argparse.Namespace) -> int:
+    try:
+        arguments = json.loads(args.arguments) if args.arguments is not None else None
+    except ValueError as exc:
+        print(f"gatewayctl: arguments are not JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _, body = _ask(args, "POST", "/call", {"client": args.client, "method": args.method, "arguments": arguments})
+    if "answer" not in body:
+        _say(str(body.get("message", body)), ok=False)
+        return EXIT_REFUSED
+    answer = body["answer"]
+    if "error" in answer:
+        print(json.dumps(answer["error"], indent=2, ensure_ascii=True), file=sys.stderr)
+        return EXIT_REFUSED
+    _print_json(answer.get("result"))
+    return 0
+
+
+def _first_line(text: str) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= DESCRIPTION_COLUMN else line[:DESCRIPTION_COLUMN - 1] + "…"
+
+
 def _print_table(rows: list[tuple[str, ...]]) -> None:
     # Escaped before the widths are measured, so the columns line up as printed.
     rows = [tuple(display.shown(cell) for cell in row) for row in rows]
@@ -423,7 +562,7 @@ def gatewayctl_main(argv: list[str] | None = None) -> int:
     args = _ctl_parser().parse_args(argv)
     verbs = {"token": _token_new, "dev-client": _dev_client, "check": _check, "explain": _explain,
              "approvals": _approvals, "approve": _decide, "deny": _decide, "status": _status, "reload": _reload,
-             "restart": _restart, "metrics": _metrics, "revoke": _revoke}
+             "restart": _restart, "metrics": _metrics, "revoke": _revoke, "tools": _tools, "call": _call}
     try:
         return verbs[args.verb](args)
     except BrokenPipeError:

@@ -34,6 +34,11 @@ CONFIRMATION_EXPIRED = -32016
 REQUEST_CANCELLED = -32017
 CONFIRMATION_PENDING = -32018
 
+# MCP's own codes of the 2026-07-28 era (-32020..-32099 are reserved for MCP).
+HEADER_MISMATCH = -32020
+MISSING_CLIENT_CAPABILITY = -32021
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
 
 class GatewayError(Exception):
     """Base of every error that reaches a caller as a JSON-RPC error."""
@@ -116,6 +121,39 @@ class ArgumentsRefused(InvalidParams):
 
     error_type = "arguments_refused"
     structured = True
+
+
+class HeaderMismatch(GatewayError):
+    """An HTTP header of a 2026-07-28 request (MCP-Protocol-Version, Mcp-Method, Mcp-Name, Mcp-Param-*) missing or
+    contradicting its body."""
+
+    code = HEADER_MISMATCH
+    error_type = "header_mismatch"
+    structured = False
+
+
+class MissingClientCapability(GatewayError):
+    """A 2026-07-28 request needs a client capability its `_meta` did not declare; `data.requiredCapabilities` is a
+    ClientCapabilities object naming it."""
+
+    code = MISSING_CLIENT_CAPABILITY
+    error_type = "missing_client_capability"
+    structured = False
+
+    def __init__(self, capability: str) -> None:
+        super().__init__(f"the client did not declare the {capability!r} capability this request needs",
+                         {"requiredCapabilities": {capability: {}}})
+
+
+class UnsupportedProtocolVersion(GatewayError):
+    """A 2026-07-28 request asks for a version this gateway does not serve per request; `data` lists those it does."""
+
+    code = UNSUPPORTED_PROTOCOL_VERSION
+    error_type = "unsupported_protocol_version"
+    structured = False
+
+    def __init__(self, requested: str, supported: list[str]) -> None:
+        super().__init__("Unsupported protocol version", {"supported": supported, "requested": requested})
 
 
 class InternalError(GatewayError):

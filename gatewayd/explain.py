@@ -13,7 +13,7 @@ from typing import Any
 from gatewayd import surfaces
 from gatewayd.config.loader import Snapshot
 from gatewayd.policy import Decision, confirm_options, confirm_required, decide, principal_for
-from gatewayd.upstream.dialects import dialect_for
+from gatewayd.upstream.protocols import dialect_for
 
 # What each canonical surface name grants (surfaces.py), for the operator.
 SURFACE_GRANTS = {
@@ -49,6 +49,15 @@ def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Ite
         yield f"  during the call, {server} may ask the caller's client for: {', '.join(config.relay)}"
     if config is not None and config.isolation != "shared" and verdict.decision is not Decision.DENY:
         yield f"  runs on a child of its own for each {config.isolation} (isolation = \"{config.isolation}\")"
+
+
+def denied(snapshot: Snapshot, client: str, method: str, arguments: Any) -> bool:
+    """Whether `client` calling `method` with `arguments` would be refused (what `explain` says first)."""
+    if client not in snapshot.clients:
+        return True
+    server, _, tool = method.partition(".")
+    return decide(principal_for(snapshot, client), method, arguments,
+                  confirm_required=confirm_required(snapshot, server, tool)).decision is Decision.DENY
 
 
 def _why(decision: Decision, reason: str, client: str, method: str) -> str:

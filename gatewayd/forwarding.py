@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gatewayd.agents import Agents
 from gatewayd.calls import TOOLS_CALL, Call, CallContext, Target
 from gatewayd.errors import CallTimedOut
 from gatewayd.relay import Relay
@@ -30,17 +31,20 @@ TIMEOUT_KEY = "io.gatewayd/timeoutMs"
 
 
 async def forward(call: Call, target: Target, still_allowed: Callable[[], None] | None,
-                  relay: Relay | None = None) -> Any:
+                  relay: Relay | None = None, agents: Agents | None = None) -> Any:
     """Send the call to its server (once `still_allowed` passes, if given) and return what the caller is
-    answered with; the server's own requests meanwhile go to the caller through `relay`."""
+    answered with; the server's own requests meanwhile go to the caller through `relay`, or, for an agent, are
+    answered through `agents`."""
     on_event, progress = _event_mapper(call.ctx, call.meta)
     budget = _caller_budget(call)
     ctx, server = call.ctx, target.server
-    caller = relay.caller(ctx) if relay is not None else None
+    # A caller without a session (MCP 2026-07-28) brings its own asker (modern.py); others are asked through the relay.
+    caller = ctx.asker if ctx.asker is not None else relay.caller(ctx) if relay is not None else None
     # A per-session child asks its session's client outside calls too (fleet.py); nobody else needs that asker.
     owner = relay.session_caller(ctx) if relay is not None and server.isolation == "session" else None
+    host = agents.host(call, server) if agents is not None and server.protocol == "acp" else None
     delivery = Delivery(ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
-                        trace=call.trace_context, task=_task(call), session=ctx.session, owner=owner)
+                        trace=call.trace_context, task=_task(call), session=ctx.session, owner=owner, host=host)
     try:
         if call.route == TOOLS_CALL:
             return await target.server.call_tool(target.method, call.arguments, delivery)
@@ -102,5 +106,8 @@ def _event_mapper(ctx: CallContext, meta: Any) -> tuple[EventSink | None, bool]:
         elif message.get("method") == "notifications/message":
             if session is None or session.wants_log(params.get("level")):
                 emit({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+        elif message.get("method") == "session/update":
+            # An ACP agent's update of a turn its caller runs directly (upstream/acp.py): passed on as it is.
+            emit({"jsonrpc": "2.0", "method": "session/update", "params": params})
 
     return forward_event, token is not None

@@ -9,7 +9,9 @@ Owns the pipeline every call to a tool server runs, in this order, each step in 
     forward   forwarding.forward     to the tool server (upstream/), re-serialized from what was authorized
     record    records.outcome        how it ended, for the audit log and the metrics
 
-and turning what a step raises into the caller's JSON-RPC answer. Resource, prompt and completion calls
+and turning what a step raises into the caller's JSON-RPC answer. The gateway's own lists (`tools/list`,
+`resources/list`, `resources/templates/list`, `prompts/list`, `tasks/list`) are made whole for the caller and
+answered a page at a time (paging.py). Resource, prompt and completion calls
 (surfaces.py) run the same pipeline, routed to the server that owns their URI, prompt or reference; so do
 `tasks/get`, `tasks/result` and `tasks/cancel` (tasks.py), routed to the server holding the task and decided as
 the tool that created it. `rpc.discover` answers the client's OpenRPC document (discovery.py).
@@ -23,6 +25,7 @@ import logging
 from typing import Any
 
 from gatewayd import __version__, calls, discovery, jsonrpc, surfaces, tasks
+from gatewayd.agents import Agents
 from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
@@ -31,6 +34,7 @@ from gatewayd.errors import GatewayError, InternalError, InvalidParams, Overload
 from gatewayd.forwarding import forward, send
 from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Notification, Request, Response
+from gatewayd.paging import Pager
 from gatewayd.records import Records
 from gatewayd.relay import Relay
 from gatewayd.routing import route, route_surface
@@ -47,14 +51,19 @@ class Gateway:
     """Answers parsed messages: the gateway's own MCP methods, and calls through the pipeline."""
 
     def __init__(self, catalog: Catalog, records: Records, gate: ConfirmationGate, inflight: Inflight,
-                 owners: surfaces.Surfaces | None = None, relay: Relay | None = None) -> None:
+                 owners: surfaces.Surfaces | None = None, relay: Relay | None = None,
+                 pager: Pager | None = None) -> None:
         self.catalog = catalog
+        # Cuts the gateway's list answers into pages (paging.py).
+        self.pager = pager if pager is not None else Pager()
         self.surfaces = owners if owners is not None else surfaces.Surfaces(catalog)
         self.records = records
         self.gate = gate
         self.inflight = inflight
         # The requests tool servers send callers during their calls (sampling, elicitation, roots).
         self.relay = relay if relay is not None else Relay(records)
+        # What ACP agents ask during their turns, answered for the turn's caller (agents.py).
+        self.agents = Agents(records, gate)
         # The tasks children hold for clients (tasks.py).
         self.tasks = tasks.Tasks()
         # Cancellations of tasks the table had no room for, running.
@@ -119,7 +128,9 @@ class Gateway:
         if method == "ping":
             return {}
         if method == "tools/list":
-            return await self.catalog.list_tools(ctx.principal, ctx.servers)
+            at = self.pager.cursor(ctx.principal.name, method, message.params)
+            listed = await self.catalog.list_tools(ctx.principal, ctx.servers)
+            return self.pager.page(ctx.principal.name, method, listed, at)
         if method == "tools/call":
             call = _tool_call(ctx, message)
             if isinstance(call.params.get("task"), dict):
@@ -149,7 +160,8 @@ class Gateway:
             with self.inflight.track(call):
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
-                result = await forward(call, target, still_allowed(call, target, self.records), self.relay)
+                result = await forward(call, target, still_allowed(call, target, self.records), self.relay,
+                                       self.agents)
         except GatewayError as exc:
             # What the caller got, and whose error it was: a tool server's own error is not the gateway's failure.
             self.records.outcome(call, exc.error_type, error_code=exc.caller_code(), error_source=exc.source)
@@ -169,7 +181,9 @@ class Gateway:
         route is the MCP method and whose target is the server that owns the URI, prompt or reference."""
         method = message.method
         if method in surfaces.LISTS:
-            return await self.surfaces.list(ctx.principal, ctx.servers, method)
+            at = self.pager.cursor(ctx.principal.name, method, message.params)
+            return self.pager.page(ctx.principal.name, method,
+                                   await self.surfaces.list(ctx.principal, ctx.servers, method), at)
         call = self.surfaces.call(ctx, message)
         session = ctx.session
         if method == surfaces.SUBSCRIBE and session is not None \
@@ -224,8 +238,10 @@ class Gateway:
         if not isinstance(params, dict):
             raise InvalidParams(f"{method} needs params")
         if method == tasks.LIST:
+            at = self.pager.cursor(ctx.principal.name, method, params)
             principal = ctx.current_principal()
-            return self.tasks.listed(principal, ctx.servers) if principal is not None else {"tasks": []}
+            listed = self.tasks.listed(principal, ctx.servers) if principal is not None else {"tasks": []}
+            return self.pager.page(ctx.principal.name, method, listed, at)
         task_id = params.get("taskId")
         if not isinstance(task_id, str):
             raise InvalidParams(f"{method} needs params.taskId, a string")
@@ -254,7 +270,8 @@ class Gateway:
                              "completions": {},
                              "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}},
             "serverInfo": SERVER_INFO,
-            "instructions": f"Tools and prompts of several servers, each named <server>{self.catalog.separator}<name>; "
+            "instructions": "Tools and prompts of several servers, each named "
+                            f"<server prefix>{self.catalog.separator}<name> (some servers keep their own names); "
                             "resources keep their servers' URIs.",
         }
 

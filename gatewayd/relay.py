@@ -8,13 +8,15 @@ flight) and hands it, with that call's `Caller` (built here, carried by the call
 
   - refusing at once, with an error reply to the child, what may not or cannot be asked: a kind the
     server's tools.d `relay = [...]` does not list (deny by default), one the caller's session did
-    not declare at `initialize` (`sampling`, `elicitation` with the mode asked, `roots`), or one asked
-    when MAX_RELAYED requests are outstanding already;
+    not declare at `initialize` (`sampling`, `elicitation` with the mode asked, `roots`), params the client
+    could not read (`-32602`: not an object, or without what the kind needs), or one asked when
+    MAX_RELAYED_PER_CALL requests of the same call, or MAX_RELAYED in all, are outstanding already;
   - otherwise sending it on the call's SSE stream under a gateway-owned id (RELAY_ID_PREFIX + a
     counter: never an approval's `gatewayd-approval-…`), the child's params as sent but for `_meta`;
   - the table of relayed requests by (client, session, gateway id), so that `answer` (reached from
     `Gateway.answer`, the one place a client's responses are routed) sends the client's result or
-    error back to the child under the child's own id;
+    error back to the child under the child's own id — once: a second answer, or one from a session
+    the request was not put to, is dropped and logged;
   - every other ending answering the child with an error, never a hang: RELAY_TIMEOUT passing, the
     call finishing (answered, timed out, cancelled by the caller, failed, its server retired by a
     reload or exited), the caller disconnecting, its session ending. The client is then told
@@ -46,10 +48,14 @@ from gatewayd.records import Records
 
 logger = logging.getLogger(__name__)
 
-# A relayed request nobody answers ends this many seconds after it was sent (the call's own timeout may end it first).
+# A relayed request nobody answers ends this many seconds after it was sent (the call's own timeout may end it first);
+# the daemon passes its `relay_timeout` setting, whose default this is.
 RELAY_TIMEOUT = 300.0
 # Relayed requests outstanding at once, for all calls: more are refused.
 MAX_RELAYED = 1024
+# Relayed requests outstanding at once for one call: a server asks its caller one thing at a time, a few at most; a
+# child flooding its caller during one call is refused past this, so one call cannot take the whole MAX_RELAYED.
+MAX_RELAYED_PER_CALL = 16
 # Gateway-owned ids of relayed requests start so; the approval question's are `gatewayd-approval-…`.
 RELAY_ID_PREFIX = "gatewayd-relay-"
 
@@ -57,8 +63,10 @@ RELAY_ID_PREFIX = "gatewayd-relay-"
 SAMPLING, ELICITATION, ROOTS = "sampling", "elicitation", "roots"
 KINDS = {"sampling/createMessage": SAMPLING, "elicitation/create": ELICITATION, "roots/list": ROOTS}
 
-# Error codes the child is answered with: refused (not asked at all), timed out, ended otherwise.
+# Error codes the child is answered with: refused (not asked at all), params no client could read, timed out, ended
+# otherwise.
 REFUSED = -32601
+BAD_PARAMS = -32602
 TIMED_OUT = -32001
 ENDED = -32000
 
@@ -81,6 +89,35 @@ def declared(ctx: CallContext, kind: str, params: Any) -> bool:
     return isinstance(session.capabilities.get(kind), dict)
 
 
+def _scope(call: asyncio.Future[Any] | None, ctx: CallContext) -> object:
+    """What MAX_RELAYED_PER_CALL counts a request by: its call, or its session's id when asked outside any call."""
+    return call if call is not None else (ctx.session.id if ctx.session is not None else None)
+
+
+def bad_params(kind: str, params: Any) -> str | None:
+    """Why a relayed request's params could not be put to a client (the shape the spec requires of each kind), or
+    None. What is inside (messages, schemas) is the client's to judge."""
+    if params is None and kind == ROOTS:
+        return None
+    if not isinstance(params, dict):
+        return "params must be an object"
+    if kind == SAMPLING:
+        if not isinstance(params.get("messages"), list):
+            return "params.messages must be an array"
+        if not isinstance(params.get("maxTokens"), int) or isinstance(params.get("maxTokens"), bool):
+            return "params.maxTokens must be an integer"
+    elif kind == ELICITATION:
+        if not isinstance(params.get("message"), str):
+            return "params.message must be a string"
+        mode = params.get("mode", "form")
+        needs = {"form": ("requestedSchema", dict), "url": ("url", str)}.get(mode) if isinstance(mode, str) else None
+        if needs is None:
+            return "params.mode must be \"form\" or \"url\""
+        if not isinstance(params.get(needs[0]), needs[1]):
+            return f"params.{needs[0]} is missing or of the wrong type"
+    return None
+
+
 @dataclass(eq=False)
 class _Relayed:
     """One request of a child, put to a caller and not answered yet."""
@@ -92,6 +129,8 @@ class _Relayed:
     server: str
     ctx: CallContext
     reply: Reply
+    # What MAX_RELAYED_PER_CALL counts by: the call it belongs to, or the session (asked outside any call).
+    scope: object
     started: float = field(default_factory=time.monotonic)
     undo: list[Callable[[], object]] = field(default_factory=list)
 
@@ -103,6 +142,9 @@ class Relay:
         self.records = records
         self.timeout = timeout
         self._relayed: dict[tuple[str, str, str], _Relayed] = {}
+        # Outstanding relayed requests by the call they belong to, or the session for those outside any call
+        # (MAX_RELAYED_PER_CALL).
+        self._per_call: dict[object, int] = {}
         self._ids = itertools.count(1)
 
     def __len__(self) -> int:
@@ -130,26 +172,32 @@ class Relay:
         method = str(message.get("method"))
         kind = KINDS.get(method)
         params = message.get("params")
-        refusal = None
+        refusal, code = None, REFUSED
         if kind is None:
             refusal = "not_relayable", f"{method} is not relayed to clients"
         elif kind not in allowed:
             refusal = "not_allowed", f"{method}: tool server {server!r} may not ask clients for {kind}"
+        elif (why := bad_params(kind, params)) is not None:
+            refusal, code = ("bad_params", f"{method}: invalid params: {why}"), BAD_PARAMS
         elif not declared(ctx, kind, params):
             refusal = "not_declared", f"{method}: the caller's client did not declare {kind}"
         elif (call is not None and call.done()) or (ctx.session is not None and ctx.session.ended):
             refusal = "call_finished", f"{method}: the call it belongs to has ended"
+        elif self._per_call.get(_scope(call, ctx), 0) >= MAX_RELAYED_PER_CALL:
+            refusal = "too_many", f"{method}: {MAX_RELAYED_PER_CALL} requests of this call already wait for its caller"
         elif len(self._relayed) >= MAX_RELAYED:
             refusal = "overloaded", f"{method}: too many requests wait for clients; retry later"
         if refusal is not None:
             outcome, reason = refusal
             self._record(ctx, server, kind or method, outcome, params, None, 0.0)
-            return error_reply(message, REFUSED, reason)
+            return error_reply(message, code, reason)
         assert kind is not None and ctx.emit is not None and ctx.session is not None
         gateway_id = f"{RELAY_ID_PREFIX}{next(self._ids)}"
         key = request_key(ctx, gateway_id)
-        relayed = _Relayed(key, gateway_id, message, kind, server, ctx, reply)
+        scope = _scope(call, ctx)
+        relayed = _Relayed(key, gateway_id, message, kind, server, ctx, reply, scope)
         self._relayed[key] = relayed
+        self._per_call[scope] = self._per_call.get(scope, 0) + 1
         self._watch(relayed, call)
         if key not in self._relayed:
             return None  # ended while being watched (the caller had gone already): the child has its error
@@ -164,7 +212,12 @@ class Relay:
         under the child's own id and return True; False for any other id."""
         relayed = self._relayed.pop(request_key(ctx, response.id), None)
         if relayed is None:
-            return False
+            if not (isinstance(response.id, str) and response.id.startswith(RELAY_ID_PREFIX)):
+                return False
+            # Not put to this session, or answered already (ended, or a second answer): the child has had its one.
+            logger.info("client=%s session=%s answer to %.64s dropped: not asked of this session, or answered "
+                        "already", ctx.principal.name, ctx.session.id if ctx.session else None, response.id)
+            return True
         child_id = relayed.message.get("id")
         if response.error is not None:
             outcome = "client_error"
@@ -208,6 +261,9 @@ class Relay:
         for step in relayed.undo:
             step()
         relayed.undo.clear()
+        left = self._per_call.pop(relayed.scope, 1) - 1
+        if left:
+            self._per_call[relayed.scope] = left
         sent = relayed.reply(reply)
         emit = relayed.ctx.emit
         if tell_client and emit is not None and outcome not in ("disconnected", "session_ended"):

@@ -229,10 +229,12 @@ class Reloader:
         }
 
     def _status_line(self) -> str:
+        # Where it serves stays in the line: `systemctl status` after a reload still says it.
         servers = len(self.state.generation.servers)
+        line = f"serving {self.state.links.describe()}: generation {self.generation}, {_count(servers, 'tool server')}"
         if self.last is not None and not self.last.ok:
-            return f"generation {self.generation}, {servers} tool servers; last reload FAILED"
-        return f"generation {self.generation}, {servers} tool servers"
+            return f"{line}; last reload FAILED"
+        return line
 
     # -- watching files ----------------------------------------------------------------------
 
@@ -346,3 +348,8 @@ def _summary(result: ReloadResult) -> str:
         if diff:
             parts.append(f"{kind} changed")
     return "; ".join(parts) or "no server changed"
+
+
+def _count(number: int, thing: str) -> str:
+    """"1 tool server", "2 tool servers"."""
+    return f"{number} {thing}" if number == 1 else f"{number} {thing}s"

@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gatewayd.errors import TooManySessions
 from gatewayd.once import Once
@@ -133,6 +133,14 @@ def negotiate(requested: Any) -> str:
     return requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
+class Audience(Protocol):
+    """Others who hear what sessions hear (listeners.py: the `subscriptions/listen` streams of MCP 2026-07-28)."""
+
+    def broadcast(self, message: dict[str, Any], to: Callable[[Session], bool] | None = None) -> None: ...
+
+    def broadcast_close(self) -> None: ...
+
+
 class Sessions:
     """All live sessions."""
 
@@ -142,6 +150,11 @@ class Sessions:
         self.max_sessions = max_sessions
         self.max_per_client = per_client or max_sessions
         self.idle_timeout = idle_timeout
+        self._others: list[Audience] = []
+
+    def attach(self, audience: Audience) -> None:
+        """`audience` hears every broadcast from now on, through the same `to` filter."""
+        self._others.append(audience)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -201,8 +214,12 @@ class Sessions:
         for session in self._by_id.values():
             if to is None or to(session):
                 session.push(message)
+        for audience in self._others:
+            audience.broadcast(message, to)
 
     def broadcast_close(self) -> None:
         """Tell every GET stream to end (the daemon is stopping)."""
         for session in self._by_id.values():
             session.push(None)
+        for audience in self._others:
+            audience.broadcast_close()

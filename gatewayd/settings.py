@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,8 +20,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gatewayd import urls
+from gatewayd.config.models import Duration
+
 DEFAULT_PORT = 8765
 SETTINGS_FILE_NAME = "gatewayd.toml"
+# Local clients may always use these names: a DNS-rebinding page arrives under its own name, never a loopback one.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+WILDCARD_ADDRESSES = ("0.0.0.0", "::")
 
 
 def _settings_file() -> Path:
@@ -40,15 +47,34 @@ class Settings(BaseSettings):
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port to listen on (0 picks a free one)")
     config_dir: Path = Field(Path("."), description="directory holding tools.d/ and policies/")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
+    # A proxy in front makes the address the daemon listens on useless to its clients: links must name the proxy.
+    public_url: str = Field(
+        "", description="the https:// URL clients reach the daemon at through a reverse proxy, e.g. "
+        "https://gw.example.org (a path, if any, must be /mcp): every link the daemon hands out uses it, and its "
+        "host and origin are accepted as Host and Origin besides the loopback names (empty: none)",
+    )
+    log_format: Literal["text", "json"] = Field("text", description="text, or json: one JSON object a line")
     allowed_hosts: list[str] = Field(
         default_factory=list,
-        description="Host header values accepted (default: the loopback names with the listen port)",
+        description="Host header values accepted besides the loopback names with the listen port and the "
+        "public_url's host",
     )
     allowed_origins: list[str] = Field(
         default_factory=list,
-        description="Origin header values accepted when present (default: http://<allowed host>)",
+        description="Origin header values accepted when present, besides the public_url's origin "
+        "(default: http:// and https:// of each accepted host)",
     )
     tool_name_separator: str = Field("__", description="joins server and method into an MCP tool name")
+    # LLM function-calling APIs accept ^[A-Za-z0-9_-]{1,64}$; MCP 2025-11-25 allows 128 characters and dots.
+    tool_name_max_chars: int = Field(
+        64, ge=1, le=128, description="longest MCP tool name listed (1..128; the MCP limit is 128, LLM APIs take 64)"
+    )
+    tool_name_dots: bool = Field(False, description="allow '.' in MCP tool names, as MCP does (LLM APIs do not)")
+    # Big enough that ordinary deployments answer every list in one page; a client pages with `cursor`.
+    list_page_size: int = Field(
+        1000, ge=1, description="most items in one answer to tools/list, resources/list, resources/templates/list, "
+        "prompts/list or tasks/list (then nextCursor)",
+    )
     # A few MiB holds any sane tool call; larger bodies are refused before they are read.
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 above)")
     max_json_depth: int = Field(64, ge=2, description="deepest JSON nesting accepted in a request")
@@ -56,15 +82,15 @@ class Settings(BaseSettings):
     max_json_objects: int = Field(50_000, ge=16, description="most JSON objects in one request body (400 above)")
     max_batch: int = Field(32, ge=1, description="most elements in one JSON-RPC batch")
     # Slow-loris: a client that trickles its headers would otherwise hold a connection for ever.
-    header_timeout: float = Field(
+    header_timeout: Duration = Field(
         10.0, gt=0, description="seconds a client has to send a request's headers (then 408 and close)"
     )
     # Bounds a trickled body too; the clock starts with the request's first byte, so it includes the headers.
-    request_timeout: float = Field(
+    request_timeout: Duration = Field(
         30.0, gt=0, description="seconds a client has to send a whole request, body included (then 408 and close)"
     )
     # Long enough to reuse a connection between calls, short enough that idle ones do not hold connection slots.
-    keepalive_timeout: float = Field(75.0, gt=0, description="seconds an idle keep-alive connection stays open")
+    keepalive_timeout: Duration = Field(75.0, gt=0, description="seconds an idle keep-alive connection stays open")
     # Each connection costs a file descriptor; past this the daemon sheds new ones instead of failing on EMFILE.
     max_connections: int = Field(
         1024, ge=1, description="most open client connections; past it new ones get 503 and are closed"
@@ -76,7 +102,7 @@ class Settings(BaseSettings):
         "past it a new one closes the one waiting longest (503 if none has waited 0.1 s)"
     )
     # A real client sends its request the moment it connects; only a socket held open for its own sake waits.
-    unauthenticated_idle_timeout: float = Field(
+    unauthenticated_idle_timeout: Duration = Field(
         2.0, gt=0, description="seconds a connection that has presented no valid token may wait between requests "
         "(then closed)"
     )
@@ -104,7 +130,7 @@ class Settings(BaseSettings):
         description="request bytes one client may send at once above the rate (at least max_body_bytes)",
     )
     # A comment line this often keeps proxies and clients from dropping a quiet stream.
-    sse_keepalive: float = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
+    sse_keepalive: Duration = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
     max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
     # One client's share, so a client that opens sessions in a loop cannot lock everyone else out of `initialize`.
     max_sessions_per_client: int = Field(64, ge=1, description="most MCP sessions one client may hold at once")
@@ -112,7 +138,7 @@ class Settings(BaseSettings):
     max_isolated_children: int = Field(
         256, ge=1, description="most children of isolation = \"client\" or \"session\" servers running at once")
     # A session nobody used for this long is forgotten, so abandoned clients do not pile up.
-    session_idle_timeout: float = Field(3600.0, gt=0, description="seconds before an unused session ends")
+    session_idle_timeout: Duration = Field(3600.0, gt=0, description="seconds before an unused session ends")
     audit_path: str = Field(
         "audit.jsonl",
         description="append-only JSON Lines audit log, relative to config_dir; empty turns auditing off "
@@ -135,9 +161,12 @@ class Settings(BaseSettings):
     approval_page: bool = Field(True, description="serve the web approval page at /approvals (operator tokens)")
     watch_config: bool = Field(True, description="reload when files under tools.d/ or policies/ change")
     # A reload that changes or removes a server lets its calls in flight finish on the old child this long.
-    reload_drain: float = Field(60.0, ge=0, description="seconds a replaced server's calls may run after a reload")
+    reload_drain: Duration = Field(60.0, ge=0, description="seconds a replaced server's calls may run after a reload")
+    # A tool server's question put to a caller (relay.py) waits this long for the client's answer; the call's own
+    # timeout may end it first. Long by default: a person may be answering it.
+    relay_timeout: Duration = Field(300.0, gt=0, description="seconds a relayed request waits for the client's answer")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
-    shutdown_grace: float = Field(10.0, ge=0, description="seconds to drain calls on stop")
+    shutdown_grace: Duration = Field(10.0, ge=0, description="seconds to drain calls on stop")
 
     @classmethod
     def settings_customise_sources(
@@ -164,20 +193,47 @@ class Settings(BaseSettings):
             return None
         return self.config_dir / self.admin_socket
 
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        """Checked at start, so a typo is a settings error and not links that lead nowhere; kept as its origin."""
+        return urls.parse_public_url(value).origin if value.strip() else ""
+
+    def public(self) -> urls.PublicUrl | None:
+        """The public URL, parsed; None when the daemon is reached where it listens."""
+        return urls.parse_public_url(self.public_url) if self.public_url else None
+
+    def links(self, port: int) -> urls.Links:
+        """The URLs the daemon hands out once the real port is known."""
+        return urls.Links(urls.listen_base(self.host, port), self.public())
+
     def hosts(self, port: int) -> list[str]:
-        """The Host header values to accept once the real port is known."""
-        if self.allowed_hosts:
-            return list(self.allowed_hosts)
-        names = ["127.0.0.1", "localhost", "[::1]"]
-        if self.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
-            names.append(self.host)
-        return [f"{name}:{port}" for name in names] + names
+        """The Host header values to accept once the real port is known: the loopback names (local clients keep
+        working whatever else is listed), the listen address, `allowed_hosts` and the public URL's host."""
+        public = self.public()
+        return _unique(self._listed_hosts(port) + (public.host_values() if public else []))
 
     def origins(self, port: int) -> list[str]:
-        """The Origin header values to accept once the real port is known."""
+        """The Origin header values to accept once the real port is known: `allowed_origins` or, by default,
+        http:// of the loopback and listed hosts and https:// of `allowed_hosts` (a page of a host the daemon
+        serves, as a TLS proxy serves it, is no foreign page); and always the public URL's origin."""
+        public = self.public()
         if self.allowed_origins:
-            return list(self.allowed_origins)
-        return [f"http://{host}" for host in self.hosts(port)]
+            listed = list(self.allowed_origins)
+        else:
+            listed = [f"http://{host}" for host in self._listed_hosts(port)]
+            listed += [f"https://{host}" for host in self.allowed_hosts]
+        return _unique(listed + ([public.origin] if public else []))
+
+    def _listed_hosts(self, port: int) -> list[str]:
+        names = list(LOOPBACK_NAMES)
+        if self.host not in LOOPBACK_ADDRESSES + WILDCARD_ADDRESSES:
+            names.append(self.host)
+        return [f"{name}:{port}" for name in names] + names + list(self.allowed_hosts)
+
+
+def _unique(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
 
 
 def describe() -> list[tuple[str, str, Any]]:

@@ -18,11 +18,13 @@ from gatewayd.deadlines import Deadlines
 from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
+from gatewayd.listeners import Listeners
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Principal
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
+from gatewayd.urls import Links
 
 
 @dataclass(eq=False)
@@ -38,15 +40,23 @@ class DaemonState:
     inflight: Inflight
     audit: AuditLog
     metrics: Metrics
-    # Host and Origin values served; empty until the daemon knows its port.
+    # Where the MCP endpoint listens, and the Host and Origin values served; empty until the daemon knows its port.
+    url: str = ""
     hosts: frozenset[str] = frozenset()
     origins: frozenset[str] = frozenset()
+    # The URLs the daemon hands out (urls.py); the listening address until the daemon knows its port.
+    links: Links = field(default_factory=lambda: Links(""))
     # The Prometheus text of the whole daemon, once the daemon has wired it.
     metrics_text: Callable[[], Awaitable[str]] | None = None
     # The first keep-alive of each SSE answer: one loop timer for them all.
     deadlines: Deadlines = field(default_factory=Deadlines)
     # Large bodies are parsed off the event loop one at a time: a second worker would only share the one GIL.
     big_parses: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    # The `subscriptions/listen` streams of MCP 2026-07-28: they hear what sessions hear.
+    listeners: Listeners = field(default_factory=Listeners)
+
+    def __post_init__(self) -> None:
+        self.sessions.attach(self.listeners)
 
     def principal(self, client: str) -> Principal | None:
         """The client's principal in the current generation; None if it no longer exists."""

@@ -1,16 +1,18 @@
 """Resources, resource templates, prompts and completion: what each client may see of them, and who owns what.
 
-Owns the MCP methods beside tools: the aggregated `resources/list`, `resources/templates/list` and
-`prompts/list` (every server the client may use, in server-name order, each server's items sorted; the
-child's own cursors are followed to the end, so the gateway answers in one page), the canonical names
-policies grant them by, and which server a routed call goes to:
+Owns the MCP methods beside tools: the aggregated `resources/list`, `resources/templates/list` and `prompts/list`
+(every server the client may use, in server-name order, each server's items sorted; the child's own cursors are
+followed to the end, and the gateway pages the whole list itself, paging.py), the canonical names policies grant
+them by, and which server a routed call goes to:
 
     SERVER.resources/read        list, read, subscribe and unsubscribe SERVER's resources and templates
     SERVER.prompts/get           list and get SERVER's prompts
     SERVER.completion/complete   complete arguments of SERVER's prompts (needs SERVER.prompts/get too) or
                                  resource templates (needs SERVER.resources/read too)
 
-Prompts are named like tools (catalog.py: `<server><separator><prompt>`). Resource URIs are kept
+Prompts are named like tools (catalog.py: `<prefix><separator><prompt>`, the prompt's own name for a server
+whose `prefix = ""`; two servers giving one name: the first in listing order has it, for the list, `prompts/get`
+and `completion/complete` alike). Resource URIs are kept
 verbatim; a URI belongs to the first server, in name order among those the client may read from, that
 lists it; a URI listed by none belongs to the first such server one of whose templates matches it (RFC 6570,
 by shape); anything else is unknown (`-32602 Unknown resource`) — no server is asked to guess, so a read
@@ -18,10 +20,12 @@ never reaches a server that did not say it has the URI. A URI two servers list i
 server's, and the other's is left out with a warning. Whatever a client may not use does not exist for it:
 not listed, and every direct route answers as for an unknown one.
 
-Also who hears what a server says about them: `notifications/resources/updated` reaches the sessions that
-subscribed to that URI of that server and may still read it; the list_changed notifications reach the
-sessions that may use the server. Does not own the decision (policy.py), the pipeline (gateway.py) or
-speaking to a child (upstream/).
+Also who hears what a server says about them: `notifications/resources/updated` reaches the sessions that subscribed
+to that URI of that server and may still read it; the list_changed notifications reach the sessions that may use the
+server. And the subscriptions sessions hold at the children: each new child of a server is subscribed again to the
+URIs sessions whose clients may still read them hold, and the child is told to unsubscribe when the last session
+holding a URI lets go of it (unsubscribe, DELETE, expiry). Does not own the decision (policy.py), the pipeline
+(gateway.py) or speaking to a child (upstream/).
 """
 
 from __future__ import annotations
@@ -29,19 +33,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from functools import lru_cache
 from typing import Any
 
 from gatewayd import policy
 from gatewayd.calls import Call, CallContext
-from gatewayd.catalog import Catalog
+from gatewayd.catalog import Catalog, listing_order
 from gatewayd.errors import GatewayError, InvalidParams, UnknownPrompt, UnknownReference, UnknownResource
 from gatewayd.jsonrpc import Request
 from gatewayd.policy import Decision, Principal
 from gatewayd.sessions import Session, Sessions
 from gatewayd.tokens import TokenTable
-from gatewayd.upstream.api import Upstream
+from gatewayd.upstream.api import Delivery, Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +72,35 @@ MAX_URI_CHARS = 8192
 # Subscriptions one session may hold.
 MAX_SUBSCRIPTIONS = 1024
 
+# Whose share of a server's slots the gateway's own subscription calls take.
+SUBSCRIPTIONS = Delivery("gatewayd:subscriptions")
+
 RESOURCES_CHANGED = "notifications/resources/list_changed"
 PROMPTS_CHANGED = "notifications/prompts/list_changed"
 UPDATED = "notifications/resources/updated"
 
 
-class Surfaces:
-    """The resources, templates and prompts a principal may see, and the server each of its calls goes to."""
+# Who a client is in the config generation current now (None: removed by a reload).
+Principals = Callable[[str], Principal | None]
+# The tool servers of the config generation current now.
+Servers = Callable[[], Mapping[str, Upstream]]
 
-    def __init__(self, catalog: Catalog) -> None:
+
+class Surfaces:
+    """The resources, templates and prompts a principal may see, the server each of its calls goes to, and the
+    subscriptions sessions hold at the servers' children."""
+
+    def __init__(self, catalog: Catalog, principals: Principals | None = None, servers: Servers | None = None) -> None:
         self.catalog = catalog
-        # Sessions subscribed to each (server, uri): a child is told to unsubscribe only when the last one does.
-        self._subscribers: dict[tuple[str, str], int] = {}
+        # Who may still read (a re-subscription is for them only), and the current servers (an unsubscription goes
+        # there); without them (tests of the lists alone) subscriptions are neither renewed nor ended at the child.
+        self._principals = principals
+        self._servers = servers
+        # The sessions (id → client) subscribed to each (server, uri): a child is told to unsubscribe only when the
+        # last one lets go, and a new child is told again of every URI still held.
+        self._holders: dict[tuple[str, str], dict[str, str]] = {}
+        # Re-subscriptions and unsubscriptions on their way to children; `close` ends them.
+        self._sending: set[asyncio.Task[None]] = set()
 
     # -- subscriptions ---------------------------------------------------------------------
 
@@ -90,29 +111,80 @@ class Surfaces:
         if not session.subscriptions:
             session.on_end(lambda: self._session_ended(session))
         session.subscriptions.add(key)
-        self._subscribers[key] = self._subscribers.get(key, 0) + 1
+        self._holders.setdefault(key, {})[session.id] = session.client
 
     def shared(self, session: Session, key: tuple[str, str]) -> bool:
         """Whether another session than `session` also holds a subscription to `key`."""
-        return self._subscribers.get(key, 0) - (1 if key in session.subscriptions else 0) > 0
+        holders = self._holders.get(key, {})
+        return len(holders) - (1 if session.id in holders else 0) > 0
 
     def unsubscribed(self, session: Session, key: tuple[str, str]) -> None:
         """`session` no longer holds a subscription to `key`."""
         if key in session.subscriptions:
             session.subscriptions.discard(key)
-            self._count_down(key)
+            self._let_go(session, key)
 
     def _session_ended(self, session: Session) -> None:
+        """A session ended (DELETE, expiry): the URIs nobody holds any more are unsubscribed at their children."""
+        released: dict[str, list[str]] = {}
         for key in session.subscriptions:
-            self._count_down(key)
+            if self._let_go(session, key):
+                released.setdefault(key[0], []).append(key[1])
         session.subscriptions.clear()
+        for server, uris in sorted(released.items()):
+            self._send(self._unsubscribe(server, uris), f"{server}-unsubscribe")
 
-    def _count_down(self, key: tuple[str, str]) -> None:
-        left = self._subscribers.get(key, 0) - 1
-        if left > 0:
-            self._subscribers[key] = left
-        else:
-            self._subscribers.pop(key, None)
+    def _let_go(self, session: Session, key: tuple[str, str]) -> bool:
+        """Forget `session`'s hold on `key`; whether it was the last."""
+        holders = self._holders.get(key)
+        if holders is None:
+            return False
+        holders.pop(session.id, None)
+        if holders:
+            return False
+        del self._holders[key]
+        return True
+
+    def child_up(self, server: Upstream) -> None:
+        """A new child of `server` runs (after a crash, an idle stop, a restart, a reload): it is subscribed again
+        to every URI of the server that a session whose client may still read it holds."""
+        if self._principals is None:
+            return
+        uris = [uri for (name, uri), holders in self._holders.items()
+                if name == server.name and any(self._may_read(client, name) for client in set(holders.values()))]
+        if uris:
+            self._send(self._resubscribe(server, uris), f"{server.name}-resubscribe")
+
+    def _may_read(self, client: str, server: str) -> bool:
+        principal = self._principals(client) if self._principals is not None else None
+        return principal is not None and _may_use(principal, server, READ)
+
+    def _send(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _resubscribe(self, server: Upstream, uris: list[str]) -> None:
+        logger.info("server=%s new child: subscribing it again to %d URIs sessions hold", server.name, len(uris))
+        for uri in uris:
+            if (server.name, uri) in self._holders:
+                await _tell_child(server, SUBSCRIBE, uri)
+
+    async def _unsubscribe(self, server_name: str, uris: list[str]) -> None:
+        server = self._servers().get(server_name) if self._servers is not None else None
+        # A child that is not running holds no subscription; starting one only to unsubscribe would be waste.
+        if server is None or getattr(server, "pid", None) is None:
+            return
+        for uri in uris:
+            # Held again meanwhile (a new session subscribed): the child keeps it.
+            if (server_name, uri) not in self._holders:
+                await _tell_child(server, UNSUBSCRIBE, uri)
+
+    async def close(self) -> None:
+        """Stop the re-subscriptions and unsubscriptions still on their way (the daemon is stopping)."""
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
 
     # -- lists -----------------------------------------------------------------------------
 
@@ -120,33 +192,33 @@ class Surfaces:
         """The answer to one of the LISTS methods: every item of every server the principal may use."""
         kind = LISTS[method]
         visible = _usable(principal, servers, GRANT[kind])
+        if kind == PROMPTS:
+            visible.sort(key=listing_order)
         listed = await _gather(visible, kind)
         items: list[dict[str, Any]] = []
         owners: dict[str, str] = {}
         for server, result in zip(visible, listed, strict=True):
             for item in sorted(result, key=lambda item: str(item[KEY[kind]])):
+                key = item[KEY[kind]]
                 if kind == PROMPTS:
-                    name = self.catalog.prompt_name(server.name, item["name"])
-                    if name is None:
+                    key = self.catalog.prompt_name(server.prefix, key)
+                    if key is None:
                         logger.warning("server=%s prompt %.100r has no name clients could send back; left out",
                                        server.name, item["name"])
                         continue
-                    items.append({**item, "name": name})
-                    continue
-                key = item[KEY[kind]]
                 first = owners.setdefault(key, server.name)
                 if first != server.name:
                     logger.warning("server=%s also lists %.200r; %s's is kept, this one left out", server.name,
                                    key, first)
                     continue
-                items.append(item)
+                items.append({**item, "name": key} if kind == PROMPTS else item)
         return {kind: items}
 
     # -- routing ---------------------------------------------------------------------------
 
     def call(self, ctx: CallContext, message: Request) -> Call:
         """The call a routed method makes: `name` is its URI, prompt name or reference; `arguments` are exactly
-        what its server will be sent (a prompt's own name in place of the one clients see)."""
+        what its server will be sent (`owner` puts a prompt's own name in place of the one clients see)."""
         method, params = message.method, message.params
         if not isinstance(params, dict):
             raise InvalidParams(f"{method} needs params")
@@ -156,9 +228,6 @@ class Surfaces:
             name = params.get("name")
             if not isinstance(name, str):
                 raise InvalidParams("prompts/get needs params.name, a string")
-            split = self.catalog.split_prompt(name)
-            if split is not None:
-                sent["name"] = split[1]
         elif method == COMPLETE:
             ref = params.get("ref")
             if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
@@ -167,9 +236,6 @@ class Surfaces:
             name = ref.get(key)
             if not isinstance(name, str):
                 raise InvalidParams(f"completion/complete needs params.ref.{key}, a string")
-            split = self.catalog.split_prompt(name) if key == "name" else None
-            if split is not None:
-                sent["ref"] = {**ref, "name": split[1]}
         else:
             name = params.get("uri")
             if not isinstance(name, str):
@@ -177,18 +243,24 @@ class Surfaces:
         return Call(ctx, method, message.id, name, params, sent, meta)
 
     async def owner(self, call: Call) -> Upstream | None:
-        """The server the call goes to, among those its client may use; None: unknown to this client."""
+        """The server the call goes to, among those its client may use; None: unknown to this client. A prompt's
+        call is sent (and its rules see) the server's own name of the prompt."""
         if len(call.name) > MAX_URI_CHARS:
             return None
         principal, servers = call.ctx.principal, call.ctx.servers
-        if call.route == GET:
-            return await self._prompt_owner(principal, servers, call.name)
-        if call.route == COMPLETE:
-            ref = call.params["ref"]
-            if ref["type"] == "ref/prompt":
-                return await self._prompt_owner(principal, servers, call.name)
+        if call.route == COMPLETE and call.params["ref"]["type"] == "ref/resource":
             return await self._template_owner(principal, servers, call.name)
-        return await self.resource_owner(principal, servers, call.name)
+        if call.route not in (GET, COMPLETE):
+            return await self.resource_owner(principal, servers, call.name)
+        found = await self._prompt_owner(principal, servers, call.name)
+        if found is None:
+            return None
+        server, own = found
+        if call.route == GET:
+            call.arguments = {**call.arguments, "name": own}
+        else:
+            call.arguments = {**call.arguments, "ref": {**call.arguments["ref"], "name": own}}
+        return server
 
     async def resource_owner(self, principal: Principal, servers: Mapping[str, Upstream], uri: str) -> Upstream | None:
         """The first server (name order) the principal may read from that lists `uri`, else the first one with a
@@ -209,13 +281,25 @@ class Surfaces:
                 return server
         return await self.resource_owner(principal, servers, uri)
 
-    async def _prompt_owner(self, principal: Principal, servers: Mapping[str, Upstream], name: str) -> Upstream | None:
-        split = self.catalog.split_prompt(name)
-        server = servers.get(split[0]) if split is not None else None
-        if server is None or split is None or not _may_use(principal, server.name, GET):
-            return None
-        [prompts] = await _gather([server], PROMPTS)
-        return server if any(item["name"] == split[1] for item in prompts) else None
+    async def _prompt_owner(self, principal: Principal, servers: Mapping[str, Upstream],
+                            name: str) -> tuple[Upstream, str] | None:
+        """(server, its own name of the prompt) for a prompt name as `list` shows it to this principal."""
+        for server, own in self.catalog.prompt_candidates(name, servers):
+            if not _may_use(principal, server.name, GET):
+                continue
+            [prompts] = await _gather([server], PROMPTS)
+            if any(item["name"] == own for item in prompts):
+                return server, own
+        return None
+
+
+async def _tell_child(server: Upstream, method: str, uri: str) -> None:
+    """Send the child `resources/subscribe` or `resources/unsubscribe` of `uri` for the gateway itself (not a
+    client's call: nothing to decide or audit); a failure is logged, the rest go on."""
+    try:
+        await server.call_surface(method, {"uri": uri}, SUBSCRIPTIONS)
+    except Exception as exc:  # one URI the child refuses must not stop the others
+        logger.warning("server=%s %s %.200r failed: %s", server.name, method, uri, exc)
 
 
 def canonical_method(route: str) -> str:

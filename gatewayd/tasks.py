@@ -13,7 +13,8 @@ client that may no longer call the tool cannot read its task either. The person 
 is not asked again. `tasks/list` is answered from this table — the client's own tasks whose tools it may still
 call, with the status the gateway last saw (from creation, `tasks/get`, `tasks/cancel` or the child's status
 notifications) — rather than by asking every child: the table is what says whose a task is, and a child's list
-would hold every client's tasks. `notifications/tasks/status` from a child reaches only the session that created
+would hold every client's tasks (the gateway pages it, paging.py). `notifications/tasks/status` from a child
+reaches only the session that created
 the task, with the id translated (one that arrives before the CreateTaskResult has been handled is held, a few
 seconds and MAX_EARLY of them at most, until it has).
 

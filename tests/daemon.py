@@ -67,10 +67,15 @@ def daemon_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Daemon:
     """The real daemon as a subprocess. `async with Daemon(dir) as d:` then use `d.url`."""
 
-    def __init__(self, config_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 program: tuple[str, ...] | None = None, cwd: Path | None = None) -> None:
         self.config_dir = config_dir
         self.args = args
         self.env = env
+        # How the daemon is started (None: `sys.executable -m gatewayd`, read at start), and where: an installed copy
+        # is started by its own script, from anywhere.
+        self.program = program
+        self.cwd = cwd or config_dir
         self.url = ""
         self.proc: asyncio.subprocess.Process | None = None
         self.logs: list[str] = []
@@ -79,13 +84,13 @@ class Daemon:
 
     async def __aenter__(self) -> Daemon:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gatewayd", "--config-dir", str(self.config_dir), "--port", "0",
+            *(self.program or (sys.executable, "-m", "gatewayd")), "--config-dir", str(self.config_dir), "--port", "0",
             *self.args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             env=daemon_env(self.env),
-            cwd=str(self.config_dir),
+            cwd=str(self.cwd),
         )
         self._drain = asyncio.create_task(self._read_logs())
         try:

@@ -130,7 +130,7 @@ def test_view_shows_arguments_and_hides_the_session() -> None:
                              params_sha256="cd" * 32, session_id="secret-session", channels=frozenset(), timeout=60)
     view = approval.view()
     assert view["arguments"] == {"command": "rm -rf /"} and "secret-session" not in str(view)
-    assert 59 < view["expires_in_s"] <= 60 and view["channels"] == ["cli"]
+    assert 59 < view["expires_in_s"] <= 60 and view["channels"] == ["gatewayctl"]
 
 
 async def test_an_operator_may_allow_the_very_same_call_again_for_a_while() -> None:

@@ -47,6 +47,8 @@ class Scripted:
     notifies: bool = True
     # Its tools.d `prefix` (None: its name).
     exposed: str | None = None
+    # Its child's pid, as ToolServer has it (None: no child running).
+    pid: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -107,6 +109,7 @@ class Scripted:
         return self.notifies
 
     isolation = "shared"
+    protocol = "mcp"
 
     async def roots_changed(self, session: str) -> None:
         self.received.append(("roots_changed", session, None))

@@ -21,13 +21,15 @@ from gatewayd.jsonrpc import Response
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Principal
 from gatewayd.records import Records
-from gatewayd.relay import ENDED, REFUSED, RELAY_ID_PREFIX, TIMED_OUT, Relay
+from gatewayd.relay import BAD_PARAMS, ENDED, MAX_RELAYED_PER_CALL, REFUSED, RELAY_ID_PREFIX, TIMED_OUT, Relay
 from gatewayd.sessions import Session
 
 pytestmark = pytest.mark.asyncio
 
 ALL = ("sampling", "elicitation", "roots")
 DECLARED = {"sampling": {}, "elicitation": {"form": {}}, "roots": {"listChanged": True}}
+# A sampling request as a child sends it: what the client is shown, and the child's own `_meta`.
+SAMPLING = {"messages": [], "maxTokens": 5}
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Rig:
     def ask(self, method: str, call: asyncio.Future[Any], allowed: tuple[str, ...] = ALL,
             params: Any = None) -> dict[str, Any] | None:
         message = {"jsonrpc": "2.0", "id": "child-1", "method": method,
-                   "params": params if params is not None else {"x": 1, "_meta": {"progressToken": 3}}}
+                   "params": params if params is not None else {**SAMPLING, "_meta": {"progressToken": 3}}}
         return self.relay.ask(self.ctx(), "srv", allowed, message, call, self.reply)
 
     async def records(self) -> list[dict[str, Any]]:
@@ -86,15 +88,18 @@ async def test_the_answer_reaches_the_child_under_its_own_id(rig: Rig) -> None:
     assert rig.ask("sampling/createMessage", future()) is None
     [asked] = rig.sent
     assert asked["method"] == "sampling/createMessage" and asked["id"].startswith(RELAY_ID_PREFIX)
-    assert asked["params"] == {"x": 1}, "the child's _meta stays with the child"
+    assert asked["params"] == SAMPLING, "the child's _meta stays with the child"
     assert rig.relay.answer(rig.ctx(), Response(asked["id"], {"role": "assistant"}, None))
     assert rig.replies == [{"jsonrpc": "2.0", "id": "child-1", "result": {"role": "assistant"}}]
     assert len(rig.relay) == 0
-    assert not rig.relay.answer(rig.ctx(), Response(asked["id"], {}, None)), "answered once only"
+    # A second answer is the relay's to drop (not the approval question's), and the child has had its one.
+    assert rig.relay.answer(rig.ctx(), Response(asked["id"], {}, None))
+    assert len(rig.replies) == 1
     [record] = await rig.records()
     assert record["event"] == "relayed" and record["server"] == "srv" and record["kind"] == "sampling"
     assert record["client"] == "laptop" and record["outcome"] == "answered"
-    assert record["params"] == {"x": 1, "_meta": {"progressToken": "[redacted]"}}, "summarized (audit.summarize)"
+    # Summarized (audit.summarize), which redacts any key naming a token, `maxTokens` too.
+    assert record["params"] == {"messages": [], "maxTokens": "[redacted]", "_meta": {"progressToken": "[redacted]"}}
 
 
 async def test_a_client_error_reaches_the_child(rig: Rig) -> None:
@@ -107,8 +112,53 @@ async def test_a_client_error_reaches_the_child(rig: Rig) -> None:
 async def test_another_session_cannot_answer(rig: Rig) -> None:
     rig.ask("roots/list", future())
     other = CallContext(Principal("laptop"), {}, session=Session("t" * 43, "laptop", "2025-11-25", {}, {}))
-    assert not rig.relay.answer(other, Response(rig.sent[0]["id"], {}, None))
+    assert rig.relay.answer(other, Response(rig.sent[0]["id"], {}, None)), "dropped by the relay"
     assert rig.replies == [] and len(rig.relay) == 1
+    # The session it was put to still answers it.
+    assert rig.relay.answer(rig.ctx(), Response(rig.sent[0]["id"], {"roots": []}, None))
+    assert rig.replies == [{"jsonrpc": "2.0", "id": "child-1", "result": {"roots": []}}]
+
+
+async def test_an_answer_to_an_id_never_relayed_is_dropped_and_others_are_not_the_relays(rig: Rig) -> None:
+    assert rig.relay.answer(rig.ctx(), Response(RELAY_ID_PREFIX + "999", {}, None))
+    assert not rig.relay.answer(rig.ctx(), Response("gatewayd-approval-1", {}, None)), "the approval question's"
+    assert not rig.relay.answer(rig.ctx(), Response(7, {}, None))
+    assert rig.replies == []
+
+
+@pytest.mark.parametrize(("method", "params"), [
+    ("sampling/createMessage", ["not", "an", "object"]),
+    ("sampling/createMessage", {"maxTokens": 5}),
+    ("sampling/createMessage", {"messages": [], "maxTokens": "5"}),
+    ("elicitation/create", {"requestedSchema": {"type": "object"}}),
+    ("elicitation/create", {"message": "m", "mode": "telepathy"}),
+    ("elicitation/create", {"message": "m", "mode": "form"}),
+    ("roots/list", "everything"),
+])
+async def test_bad_params_are_refused_to_the_child_at_once(rig: Rig, method: str, params: Any) -> None:
+    refusal = rig.ask(method, future(), ALL, params)
+    assert refusal is not None and refusal["id"] == "child-1" and refusal["error"]["code"] == BAD_PARAMS
+    assert rig.sent == [] and len(rig.relay) == 0
+    [record] = await rig.records()
+    assert record["outcome"] == "bad_params"
+
+
+async def test_a_call_flooding_its_caller_is_refused_past_its_limit_and_others_are_not(rig: Rig) -> None:
+    flooding, other = future(), future()
+    for _ in range(MAX_RELAYED_PER_CALL):
+        assert rig.ask("roots/list", flooding) is None
+    refusal = rig.ask("roots/list", flooding)
+    assert refusal is not None and refusal["error"]["code"] == REFUSED
+    assert "already wait for its caller" in refusal["error"]["message"]
+    assert len(rig.sent) == MAX_RELAYED_PER_CALL
+    assert rig.ask("roots/list", other) is None, "another call is not held back"
+    # One answered: room for one more of the flooding call.
+    assert rig.relay.answer(rig.ctx(), Response(rig.sent[0]["id"], {"roots": []}, None))
+    assert rig.ask("roots/list", flooding) is None
+    flooding.set_result({})
+    await settle()
+    assert rig.ask("roots/list", other) is None
+    assert len(rig.relay) == 2
 
 
 @pytest.mark.parametrize(("method", "allowed", "params", "outcome"), [
@@ -194,3 +244,21 @@ async def test_two_requests_of_one_session_both_end_with_it(rig: Rig) -> None:
 async def test_relay_ids_never_look_like_approval_ids(rig: Rig) -> None:
     rig.ask("roots/list", future())
     assert not rig.sent[0]["id"].startswith("gatewayd-approval-")
+
+
+async def test_a_per_session_child_s_request_outside_any_call_goes_to_its_session_s_stream(rig: Rig) -> None:
+    asker = rig.relay.session_caller(rig.ctx())
+    assert asker is not None
+    message = {"jsonrpc": "2.0", "id": "child-9", "method": "roots/list", "params": {}}
+    assert asker.ask("srv", ALL, message, None, rig.reply) is None
+    # Not on the call's stream: on the session's own (its GET stream's queue).
+    assert rig.sent == []
+    asked = rig.session.outbound.get_nowait()
+    assert asked is not None and asked["method"] == "roots/list"
+    assert rig.relay.answer(rig.ctx(), Response(asked["id"], {"roots": []}, None))
+    assert rig.replies == [{"jsonrpc": "2.0", "id": "child-9", "result": {"roots": []}}]
+    # And the session's end ends one that nobody answered.
+    asker.ask("srv", ALL, {**message, "id": "child-10"}, None, rig.reply)
+    rig.session.end()
+    await settle()
+    assert rig.replies[-1]["id"] == "child-10" and rig.replies[-1]["error"]["code"] == -32000

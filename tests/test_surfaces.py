@@ -28,6 +28,7 @@ from gatewayd.upstream.api import Upstream
 from gatewayd.upstream.server import ToolServer
 from tests.daemon import python_command, write_config
 from tests.test_gateway import Scripted, in_memory_gateway
+from tests.waiting import eventually
 
 
 def _server(name: str) -> Scripted:
@@ -231,14 +232,21 @@ def test_template_matching(template: str, uri: str, matches: bool) -> None:
 
 def test_prompt_names_reverse_exactly() -> None:
     catalog = Catalog("_")
+    test, bare = Scripted("test", []), Scripted("bare", [], exposed="")
+    mine = Scripted("zz", [], exposed="my_server")  # a prefix holding the separator still reverses
+    servers: dict[str, Upstream] = {"test": test, "bare": bare, "zz": mine}
     assert catalog.prompt_name("test", "simple_prompt") == "test_simple_prompt"
-    assert catalog.split_prompt("test_simple_prompt") == ("test", "simple_prompt")
-    assert catalog.prompt_name("my_server", "p") is None  # could not be split back
-    assert catalog.split_prompt("nosep") is None
+    assert catalog.prompt_name("", "simple_prompt") == "simple_prompt"
+    assert catalog.prompt_name("test", "") is None and catalog.prompt_name("test", "p" * 257) is None
+    assert catalog.prompt_candidates("test_simple_prompt", servers) == [
+        (test, "simple_prompt"), (bare, "test_simple_prompt")]
+    assert catalog.prompt_candidates("my_server_p", servers) == [(mine, "p"), (bare, "my_server_p")]
+    assert catalog.prompt_candidates("nosep", servers) == [(bare, "nosep")]
+    assert catalog.prompt_candidates("", servers) == []
 
 
 def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
-    calc = 'protocol = "jsonrpc"\ncommand = ["x"]\n[methods.add]\n'
+    calc = 'protocol = "jsonrpc"\ncommand = ["true"]\n[methods.add]\n'
     write_config(tmp_path, {"docs": python_command("x.py"), "calc": calc},
                  '[roles.r]\nallow = ["docs.resources/read", "calc.*"]\n', {"c": ["r"]})
     snapshot = load_snapshot(tmp_path)
@@ -252,7 +260,7 @@ def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
 
 
 async def test_a_plain_json_rpc_server_lists_no_resources_or_prompts_and_is_not_started(tmp_path: Path) -> None:
-    write_config(tmp_path, {"calc": 'protocol = "jsonrpc"\ncommand = ["no-such-program"]\n[methods.add]\n'})
+    write_config(tmp_path, {"calc": 'protocol = "jsonrpc"\ncommand = ["true"]\n[methods.add]\n'})
     server = ToolServer("calc", load_snapshot(tmp_path).servers["calc"], tmp_path)
     for kind in ("resources", "resourceTemplates", "prompts"):
         assert await server.surface(kind) == []
@@ -284,3 +292,52 @@ def test_explain_says_what_a_server_may_ask_the_caller_during_the_call(tmp_path:
     assert list(explain(snapshot, "c", "asker.tool", None))[-1] == \
         "  during the call, asker may ask the caller's client for: sampling, roots"
     assert not any("may ask" in line for line in explain(snapshot, "c", "quiet.tool", None))
+
+
+def _renewing(rig: Rig, principals: dict[str, Principal]) -> surfaces.Surfaces:
+    """The gateway's Surfaces as the daemon wires it: who may still read, and the current servers."""
+    owners = surfaces.Surfaces(rig.gateway.catalog, principals.get, lambda: rig.servers)
+    rig.gateway.surfaces = owners
+    return owners
+
+
+async def test_the_last_session_to_end_unsubscribes_the_child_and_only_a_running_one(rig: Rig) -> None:
+    owners = _renewing(rig, {"all": EVERYTHING})
+    sessions = Sessions(10, 3600)
+    mine, theirs = sessions.create("all", {}), sessions.create("all", {})
+    for session in (mine, theirs):
+        await rig.request(EVERYTHING, "resources/subscribe", {"uri": "a://doc"}, session=session)
+    await rig.request(EVERYTHING, "resources/subscribe", {"uri": "b://doc"}, session=mine)
+    rig.servers["a"].pid = 100  # a's child runs; b's was stopped (idle): it holds nothing to end
+    subscribes = list(rig.servers["a"].received)
+    sessions.delete(mine.id)
+    await eventually(lambda: not owners._sending, what="the unsubscriptions sent")
+    assert rig.servers["a"].received == subscribes  # theirs still holds a://doc
+    assert [entry[1] for entry in rig.servers["b"].received] == ["resources/subscribe"]
+    sessions.delete(theirs.id)
+    await eventually(lambda: rig.servers["a"].received[-1] == ("surface", "resources/unsubscribe",
+                                                                {"uri": "a://doc"}), what="unsubscribed")
+
+
+async def test_a_new_child_is_subscribed_again_to_what_sessions_that_may_still_read_hold(rig: Rig) -> None:
+    principals = {"all": EVERYTHING, "some": SOME}
+    owners = _renewing(rig, principals)
+    sessions = Sessions(10, 3600)
+    everything, some = sessions.create("all", {}), sessions.create("some", {})
+    await rig.request(EVERYTHING, "resources/subscribe", {"uri": "a://doc"}, session=everything)
+    await rig.request(SOME, "resources/subscribe", {"uri": "b://doc"}, session=some)
+    await rig.request(EVERYTHING, "resources/subscribe", {"uri": "shared://x"}, session=everything)
+    for server in rig.servers.values():
+        server.received.clear()
+    owners.child_up(rig.servers["a"])
+    owners.child_up(rig.servers["b"])
+    await eventually(lambda: len(rig.servers["a"].received) == 2 and len(rig.servers["b"].received) == 1,
+                     what="subscribed again")
+    assert sorted(entry[2]["uri"] for entry in rig.servers["a"].received) == ["a://doc", "shared://x"]
+    assert rig.servers["b"].received == [("surface", "resources/subscribe", {"uri": "b://doc"})]
+    # A reload took `some`'s read grant away: b's next child is not subscribed for it.
+    principals["some"] = NOTHING
+    rig.servers["b"].received.clear()
+    owners.child_up(rig.servers["b"])
+    await owners.close()
+    assert rig.servers["b"].received == []

@@ -1,6 +1,7 @@
 """Writing policy files: the one place gatewayd changes an operator's TOML (token hashes).
 
-Owns reading a policy file, setting a client's token hash and roles, and writing it back
+Owns reading a policy file, setting a client's token hash and roles (as the bytes the file would
+hold, so a caller can validate them with the whole config before anything is written), and writing it back
 atomically (temp file + rename, so a watcher never sees half a file). Comments in the
 edited file are not preserved by tomli-w; the README says so.
 """
@@ -23,22 +24,33 @@ from gatewayd.errors import ConfigError
 POLICY_FILE_MODE = 0o600
 
 
-def set_client_token(path: Path, client: str, digest: str, roles: list[str] | None = None) -> None:
-    """Give `client` the token whose SHA-256 is `digest` (replacing its old ones) in the policy file at `path`."""
+def client_token_text(path: Path, client: str, digest: str, roles: list[str] | None = None) -> bytes:
+    """The policy file at `path` with `client` given the token whose SHA-256 is `digest` (replacing its old ones)
+    and, if given, these roles (else it keeps its own)."""
     data, entry = _token_holder(path, "clients", client)
     entry["token_sha256"] = digest
     if roles is not None:
         entry["roles"] = roles
     entry.setdefault("roles", [])
-    write_atomic(path, tomli_w.dumps(data).encode("utf-8"))
+    return tomli_w.dumps(data).encode("utf-8")
+
+
+def operator_token_text(path: Path, operator: str, digest: str, kind: str = "operators") -> bytes:
+    """The policy file at `path` with operator (or, with kind="scrapers", metrics scraper) `operator` given the
+    token whose SHA-256 is `digest` (replacing its old ones)."""
+    data, entry = _token_holder(path, kind, operator)
+    entry["token_sha256"] = digest
+    return tomli_w.dumps(data).encode("utf-8")
+
+
+def set_client_token(path: Path, client: str, digest: str, roles: list[str] | None = None) -> None:
+    """Write what client_token_text makes."""
+    write_atomic(path, client_token_text(path, client, digest, roles))
 
 
 def set_operator_token(path: Path, operator: str, digest: str, kind: str = "operators") -> None:
-    """Give operator (or, with kind="scrapers", metrics scraper) `operator` the token whose SHA-256 is `digest`
-    (replacing its old ones) in `path`."""
-    data, entry = _token_holder(path, kind, operator)
-    entry["token_sha256"] = digest
-    write_atomic(path, tomli_w.dumps(data).encode("utf-8"))
+    """Write what operator_token_text makes."""
+    write_atomic(path, operator_token_text(path, operator, digest, kind))
 
 
 def _token_holder(path: Path, kind: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -9,9 +9,12 @@ returns a whole Snapshot or raises ConfigInvalid with every problem found.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
+import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +26,12 @@ from gatewayd.errors import ConfigError
 
 TOOLS_DIR = "tools.d"
 POLICIES_DIR = "policies"
+# A `command` whose program is this runs on the interpreter the daemon itself runs on (sys.executable), so the
+# shipped examples (`python -m gatewayd.examples.*`) find the very gatewayd that serves them, however installed.
+PYTHON_PLACEHOLDER = "{python}"
+
+# Files not yet on disk, by absolute path, read instead of the disk: what `gatewayctl token new` is about to write.
+Pending = Mapping[Path, bytes]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,11 +60,16 @@ class Snapshot:
     digest: str = ""
 
 
-def config_files(directory: Path) -> list[Path]:
-    """The `*.toml` files of a directory in name order; editor temp and hidden files are ignored."""
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.glob("*.toml") if not p.name.startswith(".") and p.is_file())
+def config_files(directory: Path, pending: Pending | None = None) -> list[Path]:
+    """The `*.toml` files of a directory in name order; editor temp and hidden files are ignored. Pending files
+    of that directory count as if written."""
+    found = set()
+    if directory.is_dir():
+        found = {p for p in directory.glob("*.toml") if not p.name.startswith(".") and p.is_file()}
+    for path in pending or {}:
+        if path.parent == directory.absolute() and path.suffix == ".toml" and not path.name.startswith("."):
+            found.add(directory / path.name)
+    return sorted(found)
 
 
 def _find_line(text: str, loc: tuple[str | int, ...]) -> int | None:
@@ -93,9 +107,13 @@ def _key_in_table(lines: list[str], table: list[str], key: str) -> int | None:
     return None
 
 
-def _read_toml(path: Path, errors: list[ConfigError], digest: Any = None) -> tuple[dict[str, Any], str] | None:
+def _read_toml(
+    path: Path, errors: list[ConfigError], digest: Any = None, pending: Pending | None = None
+) -> tuple[dict[str, Any], str] | None:
     try:
-        raw = path.read_bytes()
+        raw = (pending or {}).get(path.absolute())
+        if raw is None:
+            raw = path.read_bytes()
         if digest is not None:
             _hash_file(digest, path, raw)
         text = raw.decode("utf-8")
@@ -144,24 +162,55 @@ def _validate(model: type[M], path: Path, data: dict[str, Any], text: str, error
     return None
 
 
-def load_servers(directory: Path, errors: list[ConfigError], digest: Any = None) -> dict[str, ServerConfig]:
+def load_servers(
+    directory: Path, errors: list[ConfigError], digest: Any = None, pending: Pending | None = None
+) -> dict[str, ServerConfig]:
     """Every tool server of `tools.d/`, named by file stem."""
     servers: dict[str, ServerConfig] = {}
-    for path in config_files(directory):
+    for path in config_files(directory, pending):
         if not SERVER_NAME.fullmatch(path.stem) or "__" in path.stem or path.stem.endswith("_"):
             # `__` joins server and tool in MCP tool names, so a server name must not contain or end with it.
             errors.append(ConfigError(
                 str(path), "", "file name must be a server name: A-Z a-z 0-9 _ -, no '__', not ending in '_'"
             ))
             continue
-        loaded = _read_toml(path, errors, digest)
+        loaded = _read_toml(path, errors, digest, pending)
         if loaded is None:
             continue
         server = _validate(ServerConfig, path, *loaded, errors)
         if server is not None:
+            server = _with_interpreter(server)
+            _check_program(path, server, errors)
             servers[path.stem] = server
     _check_prefixes(directory, servers, errors)
     return servers
+
+
+def _with_interpreter(server: ServerConfig) -> ServerConfig:
+    """`command = ["{python}", …]` made to run on the daemon's own interpreter."""
+    if server.command[0] != PYTHON_PLACEHOLDER or not sys.executable:
+        return server
+    return server.model_copy(update={"command": [sys.executable, *server.command[1:]]})
+
+
+def _check_program(path: Path, server: ServerConfig, errors: list[ConfigError]) -> None:
+    """A program that cannot be run is a config error, not a call that fails later: found on the PATH the child
+    gets (its `env` may set one), or, named with a `/`, a file relative to the directory it starts in."""
+    program = server.command[0]
+    if "/" not in program:
+        search = server.env.get("PATH", os.environ.get("PATH", os.defpath))
+        if shutil.which(program, path=search) is None:
+            errors.append(ConfigError(str(path.absolute()), "command", f"program {program!r} is not on PATH ({search}) "
+                                      "or is not executable"))
+        return
+    where = Path(server.cwd) if server.cwd else Path.cwd()
+    if server.cwd and not where.is_absolute():
+        where = path.parent.parent / where
+    full = where / program
+    if not full.is_file():
+        errors.append(ConfigError(str(path.absolute()), "command", f"program {str(full)!r} does not exist"))
+    elif not os.access(full, os.X_OK):
+        errors.append(ConfigError(str(path.absolute()), "command", f"program {str(full)!r} is not executable"))
 
 
 def _check_prefixes(directory: Path, servers: dict[str, ServerConfig], errors: list[ConfigError]) -> None:
@@ -177,6 +226,19 @@ def _check_prefixes(directory: Path, servers: dict[str, ServerConfig], errors: l
                                       "does: give one of them another prefix"))
         else:
             seen[prefix] = name
+
+
+def defined_in(config_dir: Path, kind: str, name: str) -> Path | None:
+    """The policy file that defines `[kind.name]` (kind: clients, operators, scrapers), read leniently: a broken
+    file elsewhere does not hide where a name lives."""
+    for path in config_files(config_dir / POLICIES_DIR):
+        try:
+            table = tomllib.loads(path.read_text(encoding="utf-8")).get(kind)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(table, dict) and name in table:
+            return path
+    return None
 
 
 def exposed_prefix(name: str, config: ServerConfig) -> str:
@@ -206,17 +268,24 @@ class Policies:
     operators: dict[str, Operator] = field(default_factory=dict)
     scrapers: dict[str, Scraper] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    # Roles a file defines that failed validation: their own errors say what is wrong, so a client naming one
+    # is not also told that the role does not exist.
+    broken_roles: set[str] = field(default_factory=set)
 
 
-def load_policies(directory: Path, errors: list[ConfigError], digest: Any = None) -> Policies:
+def load_policies(
+    directory: Path, errors: list[ConfigError], digest: Any = None, pending: Pending | None = None
+) -> Policies:
     """All policy files merged; a name defined twice is an error naming both files."""
     merged = Policies()
-    for path in config_files(directory):
-        loaded = _read_toml(path, errors, digest)
+    for path in config_files(directory, pending):
+        loaded = _read_toml(path, errors, digest, pending)
         if loaded is None:
             continue
         policy = _validate(PolicyFile, path, *loaded, errors)
         if policy is None:
+            roles = loaded[0].get("roles")
+            merged.broken_roles.update(roles if isinstance(roles, dict) else ())
             continue
         _merge("roles", policy.roles.items(), path, merged.roles, merged.sources, errors)
         _merge("clients", policy.clients.items(), path, merged.clients, merged.sources, errors)
@@ -231,7 +300,7 @@ def _check_references(policies: Policies, errors: list[ConfigError]) -> None:
         errors.extend(
             ConfigError(policies.sources[f"clients.{name}"], f"clients.{name}.roles", f"no such role {role!r}")
             for role in client.roles
-            if role not in policies.roles
+            if role not in policies.roles and role not in policies.broken_roles
         )
     # One token, one identity: in particular an agent's token is never also an operator's.
     seen_tokens: dict[str, str] = {}
@@ -246,15 +315,17 @@ def _check_references(policies: Policies, errors: list[ConfigError]) -> None:
             seen_tokens[digest] = f"{kind[:-1]} {name!r}"
 
 
-def load_snapshot(config_dir: Path) -> Snapshot:
-    """Load and validate the whole config directory. Raises ConfigInvalid listing every problem."""
+def load_snapshot(config_dir: Path, pending: Pending | None = None) -> Snapshot:
+    """Load and validate the whole config directory (with `pending` files as if written). Raises ConfigInvalid
+    listing every problem."""
     errors: list[ConfigError] = []
     tools_dir = config_dir / TOOLS_DIR
     if not tools_dir.is_dir():
-        errors.append(ConfigError(str(tools_dir), "", "directory not found"))
+        # The full path: `--check` run from the wrong directory must say where it looked.
+        errors.append(ConfigError(str(tools_dir.absolute()), "", "directory not found"))
     digest = hashlib.sha256()
-    servers = load_servers(tools_dir, errors, digest)
-    policies = load_policies(config_dir / POLICIES_DIR, errors, digest)
+    servers = load_servers(tools_dir, errors, digest, pending)
+    policies = load_policies(config_dir / POLICIES_DIR, errors, digest, pending)
     if errors:
         raise ConfigInvalid(errors)
     return Snapshot(servers=servers, roles=policies.roles, clients=policies.clients, operators=policies.operators,

@@ -50,6 +50,9 @@ class MethodConfig(_Strict):
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     timeout: Duration | None = None
+    # A call that may run for long as long as it reports (an agent's turn): it ends after this much silence (no
+    # progress, no update), `timeout` (or the server's `call_timeout`) staying its hard cap.
+    activity_timeout: Duration | None = None
     notification: bool = False
     # Needs a person's confirmation whatever the policies say; no policy can waive it.
     confirm: bool = False
@@ -64,7 +67,7 @@ class ServerConfig(_Strict):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    protocol: Literal["mcp", "jsonrpc"] = "mcp"
+    protocol: Literal["mcp", "jsonrpc", "acp"] = "mcp"
     start: Literal["on-demand", "eager"] = "on-demand"
     idle_timeout: Duration = 600.0
     call_timeout: Duration = 30.0
@@ -83,6 +86,9 @@ class ServerConfig(_Strict):
     prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{0,64}$")
     # What the server may ask of the caller's client during a call (gatewayd/relay.py): nothing by default.
     relay: list[Literal["sampling", "elicitation", "roots"]] = Field(default_factory=list)
+    # An ACP agent is offered terminals (`terminal/*`): each command is still a call of the turn's caller,
+    # `SERVER.terminal/create`, decided by its policy (agents.py). Off: the agent is told it has none.
+    terminals: bool = False
     # Who shares a child (upstream/fleet.py): everyone (one child), each client, or each MCP session (stateful
     # servers, and a child that may hold one session's roots).
     isolation: Literal["shared", "client", "session"] = "shared"
@@ -159,6 +165,11 @@ class ServerConfig(_Strict):
         if declared is not None and declared.timeout is not None:
             return declared.timeout
         return self.call_timeout
+
+    def silence_for(self, method: str) -> float | None:
+        """How long a call of `method` may go without reporting before it ends (None: only its deadline)."""
+        declared = self.methods.get(method)
+        return declared.activity_timeout if declared is not None else None
 
 
 Scalar = str | int | float | bool

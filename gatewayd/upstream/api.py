@@ -33,6 +33,19 @@ class Caller(Protocol):
         ...
 
 
+class AgentHost(Protocol):
+    """Who answers what an agent asks its client during a turn it runs for a call (agents.py): its permission
+    requests and file reads and writes, decided for the call's caller."""
+
+    async def answer(self, server: str, message: dict[str, Any]) -> dict[str, Any]:
+        """The reply to the agent's request `message` (under its own id): a result or an error, never a raise."""
+        ...
+
+    async def close(self) -> None:
+        """The turn ended: end whatever its requests left running (terminals)."""
+        ...
+
+
 class SessionScope(Protocol):
     """The MCP session a call belongs to, as a per-session child (fleet.py) needs it: its id, and its end."""
 
@@ -69,6 +82,8 @@ class Delivery:
     # Who that child's own requests outside any call are put to (its session's client, relay.py); set only for a
     # server with `isolation = "session"`.
     owner: Caller | None = None
+    # Who answers an agent's requests during the call (an ACP server only, agents.py); None: they are refused.
+    host: AgentHost | None = None
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).
@@ -97,6 +112,11 @@ class Upstream(Protocol):
     @property
     def prefix(self) -> str:
         """What clients see before its tool names (`<prefix><separator><tool>`); "": its own names alone."""
+        ...
+
+    @property
+    def protocol(self) -> str:
+        """What it speaks: "mcp", "jsonrpc" or "acp" (its tools.d `protocol`)."""
         ...
 
     @property

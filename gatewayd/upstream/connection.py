@@ -29,8 +29,8 @@ class Connection:
     any output so idle detection follows what the child does, not wall time; `on_exit` is called
     once the child has exited, before the calls pending on it fail; `on_request` answers a request
     the child sends (the reply to write back, or None), by default `peer.default_reply`.
-    `call`, `notify`, `new_id`, `fail_calls`, `reply` (a reply `on_request` left for later) and `pending_for`
-    (the call a request of the child belongs to) are the peer's (see peer.Peer).
+    `call`, `notify`, `new_id`, `fail_calls`, `reply` (a reply `on_request` left for later), `pending_for`
+    (the call a request of the child belongs to) and `touch` (a call's activity) are the peer's (see peer.Peer).
     """
 
     def __init__(
@@ -46,13 +46,14 @@ class Connection:
         tag: str | None = None,
         deadlines: Deadlines | None = None,
         on_request: RequestHandler | None = None,
+        private: bool = False,
     ) -> None:
         process = ChildProcess(
             name, argv, env=env, cwd=cwd, tag=tag, on_activity=on_activity, on_exit=self._child_exited
         )
         peer = Peer(
             process, on_notification=on_notification, on_activity=on_activity, on_request=on_request,
-            deadlines=deadlines,
+            deadlines=deadlines, private=private,
         )
         self._process = process
         self._peer = peer
@@ -71,6 +72,8 @@ class Connection:
         self.fail_calls = peer.fail_calls
         self.reply = peer.reply
         self.pending_for = peer.pending_for
+        self.touch = peer.touch
+        self.hold = peer.hold
 
     @property
     def pid(self) -> int:

@@ -1,11 +1,11 @@
-"""Upstream dialects: how the gateway speaks to one kind of tool server, picked in one place.
+"""Upstream dialects: how the gateway speaks to one kind of tool server.
 
 Owns each upstream protocol's side of the boundary: the start-up handshake, what the server offers
 (asked of the child, or declared in its tools.d file), calling a tool (answered as an MCP
 CallToolResult), calling a method directly (the child's own result), sending a notification, and
-answering the requests a child sends unasked. `dialect_for` is the only place that reads a server's
-`protocol`. Does not own the child's lifecycle, admission or restarts (server.py) or the pipes
-(connection.py).
+answering the requests a child sends unasked; ACP agents have their own module (acp.py), and
+protocols.py picks a server's dialect. Does not own the child's lifecycle, admission or restarts
+(server.py) or the pipes (connection.py).
 """
 
 from __future__ import annotations
@@ -101,6 +101,19 @@ class Dialect(abc.ABC):
         answered later (`conn.reply`). Both dialects answer `ping`; MCP relays what a client can answer (below);
         the rest is refused, so the child never waits."""
         return default_reply(message)
+
+    def on_notification(self, message: dict[str, Any]) -> bool:
+        """Whether the dialect took a notification the child sent outside any call's progress (ACP's updates of a
+        turn); the server handles the rest."""
+        return False
+
+    async def notify(self, conn: Connection, method: str, params: Any, how: Delivery) -> None:
+        """Send `method` as a notification (`can_notify` said it may be)."""
+        await conn.notify(method, params)
+
+    def settings_name(self, method: str) -> str:
+        """The `[methods.NAME]` of tools.d whose timeouts a call of `method` takes."""
+        return method
 
 
 class McpDialect(Dialect):
@@ -216,8 +229,10 @@ class McpDialect(Dialect):
         meta = _meta(how, call_id)
         if meta:
             sent["_meta"] = meta
+        # The caller goes along: a child may ask it something during any request (a task's questions come during
+        # `tasks/result`, related to the task), and the relay decides as for a tool call.
         return await conn.call(method, sent, timeout=timeout, on_event=how.on_event, request_id=call_id,
-                               cancel_on_timeout=True)
+                               cancel_on_timeout=True, caller=how.caller)
 
 
 class JsonRpcDialect(Dialect):
@@ -266,14 +281,6 @@ class JsonRpcDialect(Dialect):
 
     def can_notify(self, method: str) -> bool:
         return True
-
-
-DIALECTS: dict[str, type[Dialect]] = {dialect.protocol: dialect for dialect in (McpDialect, JsonRpcDialect)}
-
-
-def dialect_for(name: str, config: ServerConfig, owner: Caller | None = None) -> Dialect:
-    """The dialect a server's tools.d file asks for: the one place `protocol` is read."""
-    return DIALECTS[config.protocol](name, config, owner)
 
 
 def _meta(how: Delivery, call_id: int) -> dict[str, Any]:

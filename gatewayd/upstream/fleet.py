@@ -32,6 +32,9 @@ from gatewayd.upstream.server import State, ToolServer
 
 logger = logging.getLogger(__name__)
 
+# The notifications of an owner's child that concern its owner's calls and subscriptions, and are passed on.
+OWNER_EVENTS = frozenset({"notifications/resources/updated", "notifications/tasks/status"})
+
 
 class ChildBudget:
     """The daemon's bound on per-client and per-session children, across every server (`max_isolated_children`)."""
@@ -67,6 +70,7 @@ class Fleet:
         self.config = config
         self.config_dir = config_dir
         self.isolation = config.isolation
+        self.protocol = config.protocol
         self._budget = budget
         self._generation = generation
         self._on_tools_changed = on_tools_changed
@@ -150,13 +154,20 @@ class Fleet:
             raise self._refuse(f"the daemon runs {self._budget.limit} per-client and per-session children "
                                "(max_isolated_children)")
         shown = key[:SESSION_ID_SHOWN] if self.isolation == "session" else key
-        child = ToolServer(self.name, self.config, self.config_dir, self._on_tools_changed, self._generation,
-                           self._on_surface_event, owner=delivery.owner, tag=f" {self.isolation}={shown}")
+        # What clients are shown is the lister's: an owner's child says only what concerns its own calls.
+        child = ToolServer(self.name, self.config, self.config_dir, None, self._generation, self._owner_event,
+                           owner=delivery.owner, tag=f" {self.isolation}={shown}", private=True)
         self._children[key] = child
         self._clients[key] = client
         if self.isolation == "session" and delivery.session is not None:
             self._unwatch[key] = delivery.session.on_end(lambda: self._drop(key, "its session ended"))
         return child
+
+    def _owner_event(self, name: str, message: dict[str, Any]) -> None:
+        """An owner's child's notification: a resource update or a task's status is passed on; its list changes are
+        not (the lists clients see are the lister's)."""
+        if message.get("method") in OWNER_EVENTS and self._on_surface_event is not None:
+            self._on_surface_event(name, message)
 
     def _refuse(self, why: str) -> Overloaded:
         return Overloaded(f"tool server {self.name!r} cannot start another child: {why}",

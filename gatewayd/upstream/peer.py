@@ -4,7 +4,10 @@ Owns: the gateway's request ids toward the child, the table of calls waiting for
 their deadlines, matching responses to them, the child's requests (answered by `on_request`, or
 by `default_reply`) and notifications (routed to the call they belong to, or to the owner), and
 failing the calls pending when the child is gone (with how it ended, never its stderr: the child
-is every client's, its stderr is in the daemon's log).
+is every client's, its stderr is in the daemon's log). A request of the child whose id is not a string
+or an integer is answered `-32600` (id null); one reusing the id of a request of its own still waiting
+for a reply left for later is answered `-32600` at once, and the first one is unharmed: only it gets the
+later reply.
 Also the bounds a misbehaving child meets on this side: its requests are answered at most
 CHILD_REQUEST_RATE a second (the rest dropped unanswered), and once STDIN_BACKLOG_LIMIT bytes wait
 in front of its stdin, answers to its requests are dropped and new calls refused at once, until it
@@ -64,6 +67,13 @@ class PendingCall:
     started: float = field(default_factory=time.monotonic)
     # Who the child's own requests during this call are put to (relay.py); None: nobody.
     caller: Any = None
+    # A call whose deadline follows its activity (an agent's turn): how long it may stay silent, and the deadline
+    # `Peer.touch` re-arms.
+    silence: float | None = None
+    quiet: Any = None
+    # Waits of the call's own that are not its silence (an agent waiting for a person's answer): while any is on,
+    # the silence deadline is off.
+    held: int = 0
 
 
 @dataclass
@@ -129,6 +139,11 @@ class _Bucket:
         return self.tokens >= self.burst - 1.0
 
 
+def _invalid(request_id: str | int | None, reason: str) -> dict[str, Any]:
+    """The `-32600` reply to a request of the child that cannot be taken as it is."""
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": f"Invalid Request: {reason}"}}
+
+
 def default_reply(message: dict[str, Any]) -> dict[str, Any]:
     """The gateway's answer to a request from the child that nothing else answers. A child may ping us; other
     requests (roots/list, sampling, …) are not relayed yet: they are refused (-32601) so the child does not wait."""
@@ -159,6 +174,7 @@ class Peer:
         stdin_backlog_limit: int = STDIN_BACKLOG_LIMIT,
         request_rate: float = CHILD_REQUEST_RATE,
         request_burst: int = CHILD_REQUEST_BURST,
+        private: bool = False,
     ) -> None:
         self.name = process.name
         self.tag = process.tag
@@ -167,6 +183,11 @@ class Peer:
         self._on_activity = on_activity
         self._on_request = on_request or default_reply
         self._pending: dict[int, PendingCall] = {}
+        # The child is one client's alone (fleet.py): its last stderr lines may go to that client when it dies.
+        self._private = private
+        # Ids of the child's own requests whose replies were left for later (`reply`): a request reusing one is refused.
+        # As many as requests wait (each one relayed, relay.MAX_RELAYED in all), until each gets its reply.
+        self._awaiting: set[str | int] = set()
         self._next_id = 0
         self._outbox: list[bytes] = []
         # The calls' deadlines: one loop timer for many calls, not one per call.
@@ -231,12 +252,14 @@ class Peer:
         request_id: int | None = None,
         cancel_on_timeout: bool = False,
         caller: Any = None,
+        silence: float | None = None,
     ) -> Any:
         """Send a request and wait for its result.
 
         Raises UpstreamError (the child's own error), CallTimedOut, or ToolServerUnavailable.
         On timeout or cancellation the call is forgotten and, if `cancel_on_timeout`, the child
-        gets `notifications/cancelled`. `caller` is kept with the call for `pending_for`.
+        gets `notifications/cancelled`. `caller` is kept with the call for `pending_for`. With `silence`, the call
+        also ends once that many seconds pass without `touch` (its activity), `timeout` staying its hard cap.
         """
         call_id = request_id if request_id is not None else self.new_id()
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": call_id, "method": method}
@@ -249,16 +272,24 @@ class Peer:
             self._check_backlog(backlog, method)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._write(message)
-        self._pending[call_id] = PendingCall(method, future, on_event, caller=caller)
+        pending = self._pending[call_id] = PendingCall(method, future, on_event, caller=caller)
         # The deadline fails the future itself, rather than a timeout scope around the await (measurably cheaper).
         deadline = self._deadlines.call_later(timeout, _expire, future)
+        if silence is not None and silence < timeout:
+            pending.silence = silence
+            pending.quiet = self._deadlines.call_later(silence, _fall_silent, future)
         try:
             if backlog:
                 await self._drain_or_deadline(future)
             return await future
-        except _Expired:
+        except _Expired as expired:
             if cancel_on_timeout:
                 await self._send_cancel(call_id, "timed out")
+            if isinstance(expired, _Silent):
+                raise CallTimedOut(
+                    f"tool server {self.name!r} reported nothing on {method} for {silence:g}s",
+                    {"server": self.name, "method": method, "timeout": silence, "silent": True},
+                ) from None
             raise CallTimedOut(
                 f"tool server {self.name!r} did not answer {method} within {timeout:g}s",
                 {"server": self.name, "method": method, "timeout": timeout},
@@ -269,7 +300,27 @@ class Peer:
             raise
         finally:
             deadline.cancel()
+            if pending.quiet is not None:
+                pending.quiet.cancel()
             self._pending.pop(call_id, None)
+
+    def touch(self, call_id: int) -> None:
+        """The call `call_id` showed activity (an update about it): its silence deadline starts again."""
+        pending = self._pending.get(call_id)
+        if pending is None or pending.silence is None or pending.future.done():
+            return
+        pending.quiet.cancel()
+        if not pending.held:
+            pending.quiet = self._deadlines.call_later(pending.silence, _fall_silent, pending.future)
+
+    def hold(self, call_id: int, on: bool) -> None:
+        """The call `call_id` starts (`on`) or ends a wait that is not silence: its silence deadline is off while any
+        such wait is on, and starts again when the last one ends."""
+        pending = self._pending.get(call_id)
+        if pending is None or pending.silence is None:
+            return
+        pending.held += 1 if on else -1
+        self.touch(call_id)
 
     async def _drain_or_deadline(self, future: asyncio.Future[Any]) -> None:
         """Wait for the child's stdin to take what waits in front of it, but not past the call's deadline (or
@@ -403,9 +454,21 @@ class Peer:
             self._flooding = False
             logger.info("server=%s pid=%d asks calmly again: %d of its requests dropped unanswered so far",
                         self.tag, self._process.pid, self.dropped.requests)
-        reply = self._on_request(message)
-        if reply is None:
-            return
+        child_id = message.get("id")
+        reply: dict[str, Any] | None
+        if not isinstance(child_id, str | int) or isinstance(child_id, bool):
+            reply = _invalid(None, "a request id must be a string or an integer")
+        elif child_id in self._awaiting:
+            logger.warning("server=%s pid=%d reused the id %.64r of its own request still waiting for its reply: "
+                           "refused", self.tag, self._process.pid, child_id)
+            reply = _invalid(child_id, f"request id {child_id!r} is already in use by a request still waiting")
+        else:
+            # Marked before `on_request`, which may reply at once through `reply` (and so unmark it).
+            self._awaiting.add(child_id)
+            reply = self._on_request(message)
+            if reply is None:
+                return
+            self._awaiting.discard(child_id)
         if self._check_backlog(self._process.backlog()):
             self.dropped.replies += 1
             return
@@ -417,6 +480,9 @@ class Peer:
         """Send the reply to a request of the child that `on_request` left for later (it returned None): whether it
         was written. Not written when the child is gone (nothing waits for it) or over the stdin backlog limit
         (dropped, as any reply then)."""
+        child_id = message.get("id")
+        if isinstance(child_id, str | int):
+            self._awaiting.discard(child_id)
         if not self._process.alive:
             return False
         if self._check_backlog(self._process.backlog()):
@@ -475,13 +541,12 @@ class Peer:
         """The child is gone: fail every call still waiting on it with how it ended."""
         for call_id, pending in list(self._pending.items()):
             if not pending.future.done():
-                pending.future.set_exception(
-                    # Its stderr is not the caller's to see: every client shares this child (daemon's log has it).
-                    ToolServerUnavailable(
-                        f"tool server {self.name!r} exited during {pending.method} ({info.describe()})",
-                        {"server": self.name, "method": pending.method, "exit_status": info.returncode},
-                    )
-                )
+                data: dict[str, Any] = {"server": self.name, "method": pending.method, "exit_status": info.returncode}
+                if self._private:
+                    # Only the child's own client sees its last words; a shared child's stay in the daemon's log.
+                    data["stderr_tail"] = list(info.tail)
+                pending.future.set_exception(ToolServerUnavailable(
+                    f"tool server {self.name!r} exited during {pending.method} ({info.describe()})", data))
             self._pending.pop(call_id, None)
 
 
@@ -489,6 +554,15 @@ class _Expired(Exception):
     """A call's deadline passed: set on its future by its timer."""
 
 
+class _Silent(_Expired):
+    """A call whose deadline follows its activity stayed silent too long."""
+
+
 def _expire(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_exception(_Expired())
+
+
+def _fall_silent(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Silent())

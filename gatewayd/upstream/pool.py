@@ -49,9 +49,11 @@ class Pool:
 
     def __init__(self, on_tools_changed: Callable[[str], None] | None = None,
                  on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 max_isolated_children: int = DEFAULT_ISOLATED_CHILDREN) -> None:
+                 max_isolated_children: int = DEFAULT_ISOLATED_CHILDREN,
+                 on_child_up: Callable[[ToolServer], None] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
         self._on_surface_event = on_surface_event
+        self._on_child_up = on_child_up
         # Shared by every generation's per-client and per-session children.
         self.budget = ChildBudget(max_isolated_children)
         # Retired servers and the task draining each; owned here so shutdown can stop them too.
@@ -74,8 +76,9 @@ class Pool:
                 continue
             if config.isolation == "shared":
                 servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
-                                          self._on_surface_event)
+                                          self._on_surface_event, self._on_child_up)
             else:
+                # An owner's subscriptions live and end with its own child: nothing to renew on a new one.
                 servers[name] = Fleet(name, config, snapshot.config_dir, self.budget, self._on_tools_changed,
                                       generation, self._on_surface_event)
             (diff.changed if old is not None else diff.added).append(name)

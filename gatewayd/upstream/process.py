@@ -13,10 +13,13 @@ in the pipe's own callback, and tells its owner once when the child has exited.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import functools
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -39,15 +42,25 @@ GROUP_POLL_INTERVAL = 0.02
 # Stderr lines logged per window before the rest are counted, not logged.
 STDERR_LOG_BURST = 50
 STDERR_LOG_WINDOW = 1.0
+# A child's last stderr lines kept, for the caller of a child that is its own alone (a per-client or per-session
+# child, fleet.py) when it dies during a call: this many, each cut to this many characters, error lines first.
+STDERR_TAIL_LINES = 20
+STDERR_TAIL_CHARS = 300
+# What marks a stderr line as an error (or a traceback's) rather than a child's chatter.
+ERROR_LINE = re.compile(r"error|exception|traceback|fatal|panic|critical|^\s+File \"", re.IGNORECASE)
 # A few child variables a tool server usually needs; everything else must be set in its config.
+# What spawning answers for a program that is not there or may not be run (errno).
+CANNOT_RUN = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR", "VIRTUAL_ENV")
 
 
 @dataclass
 class ExitInfo:
-    """How a child ended, for errors and logs. Not its stderr: that went to the daemon's log, line by line."""
+    """How a child ended, for errors and logs; its stderr went to the daemon's log, line by line, and its last
+    lines are kept in `tail` (error lines and tracebacks first) for a caller that may see them."""
 
     returncode: int | None
+    tail: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """'exit status N' or 'killed by signal S'."""
@@ -68,8 +81,16 @@ class _StderrLog:
         self._window_start = 0.0
         self._in_window = 0
         self._suppressed = 0
+        self._recent: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES * 4)
+
+    def tail(self) -> tuple[str, ...]:
+        """The last lines, error lines and tracebacks first, at most STDERR_TAIL_LINES."""
+        errors = [line for line in self._recent if ERROR_LINE.search(line)][-STDERR_TAIL_LINES:]
+        rest = [line for line in self._recent if not ERROR_LINE.search(line)]
+        return tuple(errors + rest[len(rest) - max(0, STDERR_TAIL_LINES - len(errors)):])
 
     def line(self, text: str) -> None:
+        self._recent.append(text[:STDERR_TAIL_CHARS])
         now = time.monotonic()
         if now - self._window_start >= STDERR_LOG_WINDOW:
             self.flush()
@@ -169,9 +190,11 @@ class ChildProcess:
                 start_new_session=True,
             )
         except OSError as exc:
+            # A program that is missing or may not be run stays so: retrying the call cannot help.
             raise ToolServerUnavailable(
                 f"tool server {self.name!r} could not start: {exc.strerror or exc}",
-                {"server": self.name, "command": self.argv},
+                {"server": self.name, "command": self.argv,
+                 **({"retryable": False} if exc.errno in CANNOT_RUN else {})},
             ) from exc
         self._proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._stdin = self._proc.stdin
@@ -238,7 +261,7 @@ class ChildProcess:
         # Let the readers take what the child wrote before exiting, so its last words reach the log.
         await asyncio.wait([self._stdout.closed, self._tasks[0]], timeout=SIGKILL_GRACE)
         self._stderr.flush()
-        self.exit_info = ExitInfo(returncode)
+        self.exit_info = ExitInfo(returncode, self._stderr.tail())
         level = logging.INFO if self._closing else logging.WARNING
         logger.log(level, "server=%s pid=%d exited: %s", self.tag, self._proc.pid, self.exit_info.describe())
         if self._on_exit is not None:

@@ -32,7 +32,7 @@ from gatewayd.errors import (
 )
 from gatewayd.upstream.api import ANYONE, Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
-from gatewayd.upstream.dialects import dialect_for
+from gatewayd.upstream.protocols import dialect_for
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +74,10 @@ class ToolServer:
         on_tools_changed: Callable[[str], None] | None = None,
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_child_up: Callable[[ToolServer], None] | None = None,
         owner: Caller | None = None,
         tag: str = "",
+        private: bool = False,
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
@@ -85,10 +87,14 @@ class ToolServer:
         self.prefix = exposed_prefix(name, config)
         # `owner`: who the child's requests outside any call go to (a per-session child's session, fleet.py).
         self.dialect = dialect_for(name, config, owner)
+        # One client's own child (fleet.py): its stderr's last lines reach that client when it dies during a call.
+        self._private = private
         self.config_dir = config_dir
         self._on_tools_changed = on_tools_changed
         # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
         self._on_surface_event = on_surface_event
+        # Told each time a new child is up (surfaces.py subscribes it again to the URIs sessions hold).
+        self._on_child_up = on_child_up
         # Resources, templates, prompts by kind, with the connection they were listed on (a new child lists anew).
         self._surfaces: dict[str, tuple[Connection, list[dict[str, Any]]]] = {}
         self.state = State.STOPPED
@@ -115,6 +121,11 @@ class ToolServer:
 
     # One child, shared by whoever reaches this server (a per-client or per-session one is a Fleet's, fleet.py).
     isolation = "shared"
+
+    @property
+    def protocol(self) -> str:
+        """What the child speaks (its dialect's name)."""
+        return self.dialect.protocol
 
     @property
     def processes(self) -> list[ToolServer]:
@@ -179,6 +190,7 @@ class ToolServer:
             on_exit=self._after_exit,
             tag=self.tag,
             deadlines=self._deadlines,
+            private=self._private,
         )
         try:
             await conn.open()
@@ -193,6 +205,8 @@ class ToolServer:
         self.started_at = time.time()
         self._touch()
         self._watch_task = asyncio.create_task(self._watch(conn), name=f"{self.name}-watch")
+        if self._on_child_up is not None:
+            self._on_child_up(self)
         return conn
 
     async def _start_failed(self, conn: Connection, exc: GatewayError) -> None:
@@ -313,6 +327,8 @@ class ToolServer:
             self.state = State.STOPPED
 
     def _on_notification(self, message: dict[str, Any]) -> None:
+        if self.dialect.on_notification(message):
+            return
         method = message.get("method")
         if method == "notifications/tools/list_changed":
             self._set_tools(None)
@@ -390,7 +406,7 @@ class ToolServer:
             return False
         conn, _ = await self._running_in_slot(method, delivery)
         try:
-            await conn.notify(method, params)
+            await self.dialect.notify(conn, method, params, delivery)
         finally:
             self._release(delivery.client)
         return True
@@ -407,7 +423,7 @@ class ToolServer:
     async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
         its deadline."""
-        timeout = self.config.timeout_for(method)
+        timeout = self.config.timeout_for(self.dialect.settings_name(method))
         if delivery.timeout is not None and delivery.timeout < timeout:
             timeout = delivery.timeout
         await self._admit(timeout, delivery.client)

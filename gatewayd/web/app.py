@@ -17,12 +17,11 @@ from aiohttp import web
 from gatewayd import metrics
 from gatewayd.errors import HttpError, TooManySessions, Unauthenticated, refusal
 from gatewayd.state import DaemonState
-from gatewayd.web import console, limits, mcp_http
+from gatewayd.urls import MCP_PATH as MCP_PATH  # the endpoint's path, named where the routes are
+from gatewayd.web import auth, console, limits, mcp_http
 from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
-
-MCP_PATH = "/mcp"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -40,7 +39,10 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except HttpError as exc:
         return _refused(request, exc)
-    except (Unauthenticated, TooManySessions) as exc:
+    except Unauthenticated as exc:
+        request.app[auth.FAILED_LOGINS].refused(state, request, exc)
+        return _refused(request, refusal(exc))
+    except TooManySessions as exc:
         return _refused(request, refusal(exc))
     except web.HTTPRequestEntityTooLarge:
         return _refused(request, HttpError(413, "request body too large"))
@@ -75,6 +77,8 @@ def create_app(state: DaemonState) -> web.Application:
     app = web.Application(middlewares=[_guard, limits.middleware], client_max_size=state.settings.max_body_bytes)
     app[STATE] = state
     app[limits.CLIENT_LIMITER] = limits.ClientLimiter.from_settings(state.settings)
+    app[auth.FAILED_LOGINS] = logins = auth.FailedLogins()
+    state.metrics.add_gauges(logins.gauges)
     app.router.add_post(MCP_PATH, mcp_http.handle_post)
     app.router.add_get(MCP_PATH, mcp_http.handle_get)
     app.router.add_delete(MCP_PATH, mcp_http.handle_delete)

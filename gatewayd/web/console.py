@@ -24,14 +24,14 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import approvals, jsonrpc
+from gatewayd import approvals, jsonrpc, urls
 from gatewayd.errors import HttpError
 from gatewayd.web import answers, limits, sse
 from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
 
-PAGE_PATH = "/approvals"
+PAGE_PATH = urls.APPROVALS_PATH
 API_PATH = f"{PAGE_PATH}/api"
 
 # What the page offers for "allow the same call again without asking": (seconds, label); 0 asks every time.

@@ -1,6 +1,7 @@
 """The `/mcp` endpoint: JSON-RPC 2.0 over HTTP and MCP Streamable HTTP (POST, GET, DELETE, SSE).
 
-Owns: request framing (Content-Type, Accept), the one parse of the body, MCP session rules
+Owns: request framing (Content-Type, Accept), the one parse of the body, handing a request of MCP 2026-07-28
+to web/modern.py (the era is chosen per request), legacy MCP session rules
 (minting on `initialize`, 400 without a session id, 404 for an unknown one, the
 MCP-Protocol-Version header), choosing a JSON or SSE answer (SSE itself: sse.py), and the
 GET stream. Each request reads the daemon's config generation once, when it begins (tokens,
@@ -25,7 +26,7 @@ from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session
 from gatewayd.state import DaemonState
-from gatewayd.web import limits, sse
+from gatewayd.web import limits, modern, sse
 from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def _parse_accept(accept: str) -> tuple[bool, bool]:
 
 
 def _check_version_header(request: web.Request) -> None:
+    """A legacy request's version header names a legacy version (any other makes a request modern, modern.py)."""
     version = request.headers.get(VERSION_HEADER)
     if version is not None and version not in SUPPORTED_VERSIONS:
         supported = ", ".join(SUPPORTED_VERSIONS)
@@ -102,7 +104,6 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     json_ok, sse_ok = _accepts(request)
     if not (json_ok or sse_ok):
         raise HttpError(406, "Accept must allow application/json or text/event-stream")
-    _check_version_header(request)
     declared = request.content_length
     if declared is not None and declared > state.settings.max_body_bytes:
         raise HttpError(413, f"body larger than {state.settings.max_body_bytes} bytes")
@@ -117,6 +118,9 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         logger.info("client=%s body refused: %s", principal.name, exc.message)
         return _body_error(exc)
     limits.admit_post(request, principal, body.messages)
+    if modern.chosen(request, body.messages[0]):
+        # MCP 2026-07-28: stateless, chosen per request (web/modern.py).
+        return await modern.handle(request, state, principal, body, sse_ok)
     if not body.is_batch and isinstance(body.messages[0], Request) and body.messages[0].method == "initialize":
         return _initialize(state, principal, body.messages[0], sse_ok)
     needs_session = any(_needs_session(message) for message in body.messages)

@@ -54,6 +54,11 @@ class CallStream:
         self.broken = False
         self.dropped = 0
 
+    @property
+    def opened(self) -> bool:
+        """Whether the stream was opened (something was emitted, or a keep-alive came due) before the answer."""
+        return self._pump is not None
+
     def emit(self, message: dict[str, Any]) -> None:
         """Queue a notification of the call; it opens the stream if it is not open yet."""
         if self.broken:

@@ -80,7 +80,7 @@ def test_toml_syntax_error_names_the_line(tmp_path: Path) -> None:
 
 
 def test_jsonrpc_server_must_declare_methods(tmp_path: Path) -> None:
-    write_config(tmp_path, {"calc": 'command = ["x"]\nprotocol = "jsonrpc"\n'})
+    write_config(tmp_path, {"calc": 'command = ["true"]\nprotocol = "jsonrpc"\n'})
     (message,) = errors_of(tmp_path)
     assert "[methods.NAME]" in message
 
@@ -174,10 +174,10 @@ def test_operators_are_loaded(tmp_path: Path) -> None:
 def test_two_servers_exposing_the_same_prefix_is_an_error_naming_both_files(tmp_path: Path) -> None:
     (tmp_path / "tools.d").mkdir()
     (tmp_path / "policies").mkdir()
-    (tmp_path / "tools.d" / "a.toml").write_text('command = ["x"]\nprefix = "b"\n')
-    (tmp_path / "tools.d" / "b.toml").write_text('command = ["x"]\n')
-    (tmp_path / "tools.d" / "c.toml").write_text('command = ["x"]\nprefix = ""\n')
-    (tmp_path / "tools.d" / "d.toml").write_text('command = ["x"]\nprefix = ""\n')
+    (tmp_path / "tools.d" / "a.toml").write_text('command = ["true"]\nprefix = "b"\n')
+    (tmp_path / "tools.d" / "b.toml").write_text('command = ["true"]\n')
+    (tmp_path / "tools.d" / "c.toml").write_text('command = ["true"]\nprefix = ""\n')
+    (tmp_path / "tools.d" / "d.toml").write_text('command = ["true"]\nprefix = ""\n')
     with pytest.raises(ConfigInvalid) as invalid:
         load_snapshot(tmp_path)
     [error] = invalid.value.errors
@@ -187,7 +187,7 @@ def test_two_servers_exposing_the_same_prefix_is_an_error_naming_both_files(tmp_
 def test_a_prefix_outside_the_tool_name_alphabet_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "tools.d").mkdir()
     (tmp_path / "policies").mkdir()
-    (tmp_path / "tools.d" / "a.toml").write_text('command = ["x"]\nprefix = "a.b"\n')
+    (tmp_path / "tools.d" / "a.toml").write_text('command = ["true"]\nprefix = "a.b"\n')
     with pytest.raises(ConfigInvalid) as invalid:
         load_snapshot(tmp_path)
     assert invalid.value.errors[0].key == "prefix"

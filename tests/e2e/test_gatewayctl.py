@@ -36,9 +36,11 @@ async def test_status_approvals_and_unknown_ids_against_a_live_daemon(
     async with Daemon(tmp_path) as daemon:
         code, out, _ = await gatewayctl(tmp_path, "status")
         assert code == 0 and "pending approvals 0" in out and "fault" in out and "stopped" in out
+        assert f"listening on {daemon.url}\n" in out
         code, out, _ = await gatewayctl(tmp_path, "status", "--json")
         status = json.loads(out)
         assert code == 0 and status["servers"]["fault"]["state"] == "stopped" and status["audit"]["healthy"]
+        assert status["url"] == daemon.url
         code, out, _ = await gatewayctl(tmp_path, "approvals")
         assert code == 0 and out.strip() == "no calls are waiting for confirmation"
         async with http.post(daemon.url, headers=headers(tokens["c"]), json={
@@ -119,7 +121,7 @@ async def test_check_takes_the_directory_and_its_exit_status_is_the_verdict(tmp_
     write_config(good, {"fault": FAULT}, ROLES)
     write_config(bad, {"fault": FAULT + "call_timout = 1\n"}, ROLES)
     code, out, _ = await gatewayctl(tmp_path, "check", str(good))
-    assert code == 0 and "config OK: 1 tool servers" in out
+    assert code == 0 and out == "config OK: 1 tool server, 0 clients\n"  # "1 clients" was wrong
     code, _, err = await gatewayctl(tmp_path, "check", str(bad))
     assert code == 2 and "fault.toml" in err and "call_timout" in err
 

@@ -1,7 +1,7 @@
 """The official Python MCP SDK (`mcp` 2.3.0) as a client of the real daemon over Streamable HTTP.
 
-What a stock MCP client sees through the gateway: the legacy handshake (and `mode="auto"` falling
-back to it), exactly the tools its token's policy allows in a stable order with the children's
+What a stock MCP client sees through the gateway: the legacy handshake (`mode="auto"` lands on the modern era,
+tests/e2e/test_mcp_sdk_modern.py), exactly the tools its token's policy allows in a stable order with the children's
 schemas untouched, plain JSON-RPC and MCP tools called alike, tool failures as `isError` results,
 unknown and forbidden tools indistinguishable, progress streamed before the result, cancellation,
 tool-list changes on the GET stream, keep-alive comments tolerated, and no access at all without a
@@ -244,7 +244,7 @@ async def test_legacy_client_connects_with_a_bearer_token(gateway: Gateway) -> N
             await client.send_ping()
 
 
-async def test_auto_mode_probes_discover_then_falls_back_to_initialize(gateway: Gateway) -> None:
+async def test_auto_mode_probes_discover_and_stays_in_the_modern_era(gateway: Gateway) -> None:
     wire: list[tuple[str, str | None, int]] = []
 
     async def record(response: httpx2.Response) -> None:
@@ -256,14 +256,13 @@ async def test_auto_mode_probes_discover_then_falls_back_to_initialize(gateway: 
         asyncio.timeout(TEST_DEADLINE),
         sdk_client(gateway.url, bearer(gateway.agent), mode="auto", event_hooks={"response": [record]}) as client,
     ):
-        assert client.protocol_version == LEGACY_VERSION
+        assert client.protocol_version == MODERN_VERSION
         assert [tool.name for tool in (await client.list_tools()).tools] == AGENT_TOOLS
         assert text_of(await client.call_tool("calc__add", {"a": 1, "b": 2})) == "3"
-    # The 2026 probe is refused as an unsupported protocol version (the spec's 400), so the SDK uses the
-    # legacy handshake, which carries no version header; everything after it carries the negotiated one.
-    assert wire[0] == ("server/discover", MODERN_VERSION, 400)
-    assert wire[1] == ("initialize", None, 200)
-    assert all(version == LEGACY_VERSION for _, version, _ in wire[2:]), wire
+    # The gateway answers the 2026 probe (tests/e2e/test_mcp_sdk_modern.py): no `initialize`, no session, every
+    # request carries the modern version.
+    assert wire[0] == ("server/discover", MODERN_VERSION, 200)
+    assert all(version == MODERN_VERSION and method != "initialize" for method, version, _ in wire), wire
 
 
 async def refused_statuses(url: str, authorization: str | None) -> list[tuple[int, str | None]]:

@@ -312,7 +312,7 @@ async def test_without_an_elicitation_callback_an_operator_approves(gateway: Gat
         [pending] = await pending_approvals(gateway.daemon.config_dir, timeout=TEST_DEADLINE)
         # Not asked: only operators may answer (the client channel is dropped for a session that cannot elicit).
         assert (pending["client"], pending["method"], pending["arguments"]) == ("laptop", "shell.run", arguments)
-        assert "client" not in pending["channels"] and "cli" in pending["channels"], pending
+        assert "client" not in pending["channels"] and "gatewayctl" in pending["channels"], pending
         notice = await notices.pending()
         assert notice["approval_id"] == pending["id"]
         assert not call.done() and not marker.exists()  # the call waits, nothing has run

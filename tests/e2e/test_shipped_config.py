@@ -12,7 +12,8 @@ import pytest
 
 from gatewayd.config.edit import set_client_token
 from gatewayd.tokens import hash_token, new_token
-from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, rpc
+from tests.daemon import REPO, Daemon, gatewayctl, headers, pending_approvals, rpc
+from tests.e2e.test_mcp_sdk import sse_messages
 
 
 @pytest.fixture
@@ -90,3 +91,36 @@ async def test_an_operator_may_allow_the_same_shell_run_again_for_a_while(
     assert code == 1 and "no standing approval" in err
     code, _, err = await gatewayctl(daemon.config_dir, "approve", "x", "--for", "2h")
     assert code == 1 and "at most 3600" in err
+
+
+async def test_the_shipped_notebook_agent_keeps_a_conversation_and_asks_before_forgetting(
+    shipped: tuple[Daemon, str], http: aiohttp.ClientSession
+) -> None:
+    daemon, token = shipped
+    # Its isolation is per MCP session: a session first.
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    async with http.post(daemon.url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+                         headers=headers(token)) as response:
+        session = response.headers["Mcp-Session-Id"]
+    opened = await rpc(http, daemon.url, token, "notebook.session/new", {"cwd": "/tmp", "mcpServers": []},
+                       **{"Mcp-Session-Id": session})
+    notebook = opened["result"]["sessionId"]
+
+    async def said(text: str) -> list[str]:
+        body = {"jsonrpc": "2.0", "id": 2, "method": "notebook.session/prompt",
+                "params": {"sessionId": notebook, "prompt": [{"type": "text", "text": text}]}}
+        async with http.post(daemon.url, json=body, headers=headers(
+                token, **{"Mcp-Session-Id": session, "Accept": "application/json, text/event-stream"})) as response:
+            *updates, answer = sse_messages(await response.text())
+        assert answer["result"] == {"stopReason": "end_turn"}
+        return [update["params"]["update"]["content"]["text"] for update in updates
+                if update["method"] == "session/update"]
+
+    assert await said("note buy milk") == ["Noted (1 so far)."]
+    forgetting = asyncio.create_task(said("forget"))
+    [pending] = await pending_approvals(daemon.config_dir)
+    assert pending["method"] == "notebook.session/request_permission" and "Forget 1 notes" in str(pending["arguments"])
+    code, _, err = await gatewayctl(daemon.config_dir, "approve", pending["id"])
+    assert code == 0, err
+    assert await forgetting == ["Forgotten."]
+    assert await said("notes") == ["No notes yet."]

@@ -183,7 +183,7 @@ async def test_ready_comes_once_it_listens_and_stopping_before_it_exits(
             ready = await probe
             assert ready["STATUS"].startswith("serving "), ready
             assert served_url(ready["STATUS"]) == daemon.url
-            assert "1 tool servers" in ready["STATUS"]
+            assert "1 tool server" in ready["STATUS"] and "1 tool servers" not in ready["STATUS"]
             await healthz(http, daemon.url)
             assert not any("STOPPING" in message for message in notify_path.drain())
 
@@ -201,7 +201,7 @@ async def test_ready_comes_once_it_listens_and_stopping_before_it_exits(
 
 async def test_a_reload_says_reloading_then_ready(config_dir: Path, notify_path: NotifySocket) -> None:
     async with Daemon(config_dir, "--watch-config", "false",
-                      env={"NOTIFY_SOCKET": notify_path.address, **no_watchdog()}):
+                      env={"NOTIFY_SOCKET": notify_path.address, **no_watchdog()}) as daemon:
         await notify_path.until("READY")
         before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         code, _, err = await gatewayctl(config_dir, "reload")
@@ -209,7 +209,10 @@ async def test_a_reload_says_reloading_then_ready(config_dir: Path, notify_path:
         reloading = await notify_path.until("RELOADING")
         ready = await notify_path.until("READY")
         assert before <= int(reloading["MONOTONIC_USEC"]) <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        assert reloading["STATUS"].startswith("reloading") and ready["STATUS"].startswith("generation 1")
+        assert reloading["STATUS"].startswith("reloading")
+        # After a reload the STATUS line still says where it serves.
+        assert ready["STATUS"].startswith("serving ") and served_url(ready["STATUS"]) == daemon.url
+        assert "generation 1, 1 tool server" in ready["STATUS"] and "tool servers" not in ready["STATUS"]
 
 
 # -- b. an abstract-namespace socket -------------------------------------------------------------

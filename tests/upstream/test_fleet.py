@@ -23,6 +23,7 @@ from gatewayd.explain import explain
 from gatewayd.sessions import Session
 from gatewayd.upstream.api import Delivery
 from gatewayd.upstream.fleet import ChildBudget, Fleet
+from gatewayd.upstream.process import STDERR_TAIL_LINES, _StderrLog
 from gatewayd.upstream.server import State
 from tests.daemon import FAULTSRV, python_command, write_config
 from tests.upstream.test_supervision import FAULT_METHODS
@@ -160,3 +161,36 @@ def test_an_unknown_isolation_is_a_config_error_naming_file_and_key(tmp_path: Pa
     with pytest.raises(ConfigInvalid) as error:
         load_snapshot(tmp_path)
     assert "tools.d/mine.toml" in str(error.value) and "isolation" in str(error.value)
+
+
+async def test_an_owner_s_child_passes_on_only_what_concerns_its_owner(tmp_path: Path, fleets: list[Fleet]) -> None:
+    tools_changed: list[str] = []
+    events: list[str] = []
+    config = {"command": [sys.executable, str(FAULTSRV)], "protocol": "jsonrpc", "idle_timeout": 0,
+              "methods": FAULT_METHODS, "isolation": "client"}
+    server = Fleet("fault", ServerConfig.model_validate(config), tmp_path, ChildBudget(4), tools_changed.append,
+                   on_surface_event=lambda _name, message: events.append(str(message["method"])))
+    fleets.append(server)
+    await pid(server, by("a"))
+    [child] = server.processes[1:]
+    # As the child's own stdout would deliver them (Connection → ToolServer._on_notification).
+    for method in ("notifications/tools/list_changed", "notifications/resources/list_changed",
+                   "notifications/prompts/list_changed", "notifications/resources/updated",
+                   "notifications/tasks/status"):
+        child._on_notification({"jsonrpc": "2.0", "method": method, "params": {"uri": "x://y", "taskId": "t"}})
+    assert tools_changed == []
+    assert events == ["notifications/resources/updated", "notifications/tasks/status"]
+
+
+def test_a_child_s_stderr_tail_puts_error_lines_and_tracebacks_first() -> None:
+    log = _StderrLog("t", 1)
+    for index in range(30):
+        log.line(f"INFO chatter {index}")
+        if index == 10:
+            log.line("Traceback (most recent call last):")
+            log.line('  File "agent.py", line 3, in <module>')
+            log.line("ValueError: bad input")
+    tail = log.tail()
+    assert tail[:3] == ("Traceback (most recent call last):", '  File "agent.py", line 3, in <module>',
+                        "ValueError: bad input")
+    assert len(tail) == STDERR_TAIL_LINES and tail[-1] == "INFO chatter 29"

@@ -83,3 +83,23 @@ async def test_a_reply_left_for_later_reaches_the_child_when_sent() -> None:
         replies = await report
     assert replies == [{"jsonrpc": "2.0", "id": "l", "result": {"late": True}}]
     assert not conn.reply({"jsonrpc": "2.0", "id": "l", "result": {}}), "the child is gone: nothing is written"
+
+
+async def test_a_reused_id_of_a_request_still_waiting_is_refused_and_the_first_unharmed() -> None:
+    asked: list[dict[str, Any]] = []
+
+    def answer(message: dict[str, Any]) -> dict[str, Any] | None:
+        asked.append(message)
+        return None if message["method"] == "later" else default_reply(message)
+
+    # The second "l" comes while the first waits for its reply; the last request (9) ends the child's report.
+    async with asking('"l"=later', '"l"=later', '{"not": "an id"}=later', "9=ping", on_request=answer) as conn:
+        first = await conn.call("report", None, timeout=REPORT_TIMEOUT)
+        assert conn.reply({"jsonrpc": "2.0", "id": "l", "result": {"late": True}})
+        then = await conn.call("report", None, timeout=REPORT_TIMEOUT)
+    assert [(m["id"], m["method"]) for m in asked] == [("l", "later"), (9, "ping")], "only the first reached the relay"
+    reused, bad, pinged = first
+    assert reused["id"] == "l" and reused["error"]["code"] == -32600 and "already in use" in reused["error"]["message"]
+    assert bad["id"] is None and bad["error"]["code"] == -32600
+    assert pinged == {"jsonrpc": "2.0", "id": 9, "result": {}}
+    assert then[3:] == [{"jsonrpc": "2.0", "id": "l", "result": {"late": True}}]

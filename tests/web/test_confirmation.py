@@ -296,7 +296,7 @@ async def test_policy_without_the_client_channel_asks_operators_only(gate: Gate)
     stream = await sse_call(gate, "operators_only", session, {"text": "ops"})
     notice = await stream.until("method", "notifications/message")
     [approval] = await gate.pending()
-    assert approval.channels == {"cli"} and "approval_page" not in notice["params"]["data"]
+    assert approval.channels == {"gatewayctl"} and "approval_page" not in notice["params"]["data"]
     await gate.decide(approval.id, "approve")
     # The next message is the result: no elicitation was sent.
     answer = await stream.next()
@@ -306,7 +306,7 @@ async def test_policy_without_the_client_channel_asks_operators_only(gate: Gate)
 async def test_json_callers_are_never_elicited(gate: Gate) -> None:
     call = asyncio.create_task(gate.call("agent", {"text": "json"}))
     [approval] = await gate.pending()
-    assert approval.channels == {"cli", "web"}  # the client channel needs an SSE stream and the capability
+    assert approval.channels == {"gatewayctl", "web"}  # the client channel needs an SSE stream and the capability
     await gate.decide(approval.id, "approve")
     assert "result" in await call
 
@@ -417,7 +417,7 @@ async def test_audit_records_request_decision_approver_and_outcome_in_order(gate
     decision, requested, decided, outcome = mine
     assert decision["decision"] == "confirm" and requested["params_sha256"] == approval.params_sha256
     assert decided["state"] == "approved" and decided["decided_by"].startswith("operator uid ")
-    assert decided["channel"] == "cli" and outcome["status"] == "ok"
+    assert decided["channel"] == "gatewayctl" and outcome["status"] == "ok"
 
 
 async def test_a_notification_that_needs_confirmation_never_runs(gate: Gate) -> None:
@@ -475,7 +475,7 @@ async def test_allow_again_runs_the_very_same_call_without_asking_until_revoked(
     path = gate.state.settings.audit_file()
     assert path is not None
     decided = [json.loads(line) for line in path.read_text().splitlines() if '"approval_decided"' in line]
-    assert [d["channel"] for d in decided] == ["cli", "standing", "cli", "cli"]
+    assert [d["channel"] for d in decided] == ["gatewayctl", "standing", "gatewayctl", "gatewayctl"]
     assert approval.id in decided[1]["reason"]
 
 

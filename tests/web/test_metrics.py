@@ -77,5 +77,5 @@ async def test_a_call_waiting_for_approval_is_a_pending_approval(tmp_path: Path)
         assert state.metrics_text is not None
         assert sample(await state.metrics_text(), "gatewayd_pending_approvals") == 1
         [approval] = state.approvals.pending()
-        state.approvals.decide(approval.id, approve=False, by="test", channel="cli")
+        state.approvals.decide(approval.id, approve=False, by="test", channel="gatewayctl")
         await (await call).read()

@@ -106,7 +106,7 @@ async def test_a_confirmed_call_leaves_no_reference_cycles(tmp_path: Path) -> No
             call = asyncio.create_task(post(client, tokens["c"], {"jsonrpc": "2.0", "id": n, "method": "calc.add",
                                                                   "params": {"a": n, "b": 1}}))
             await eventually(lambda: bool(approvals.pending()), what="the call waits for a person")
-            approvals.decide(approvals.pending()[0].id, approve=True, by="test", channel="cli")
+            approvals.decide(approvals.pending()[0].id, approve=True, by="test", channel="gatewayctl")
             assert json.loads(await call)["result"] == n + 1
 
         await confirmed_call(0)

@@ -1,0 +1,196 @@
+"""What an ACP agent asks its client during a turn, answered by the gateway for the turn's caller.
+
+Owns the other direction of the pipeline for agents (upstream/acp.py hands each request here): the
+agent's `session/request_permission`, `fs/read_text_file` and `fs/write_text_file` are calls of their
+own, `SERVER.session/request_permission`, `SERVER.fs/read_text_file`, `SERVER.fs/write_text_file`,
+made on behalf of the client whose turn it is, decided by its policy (argument rules such as
+`path_under` on `path`, fail closed), confirmed by a person where the policy says so, and audited
+like any call. Then:
+
+  - a permission: denied (no grant) → the agent's reject option; granted with `confirm` → a person
+    decides (the caller's user by elicitation, `gatewayctl`, the web page), seeing the agent's own
+    tool call and options: yes → its `allow_once` option, no → its `reject_once` option, nobody in
+    time or the caller gone → `cancelled`, never an allow; granted outright → `allow_once`;
+  - a file read or write: done by the gateway itself, bounded by MAX_FILE_BYTES, on an absolute path;
+    denied → the agent gets the same error as for a method that does not exist;
+  - a terminal (tools.d `terminals = true`): `SERVER.terminal/create` decided with its command, args, cwd
+    and env as arguments (a person confirms it where the policy says), then run by terminals.py until the
+    turn ends; its output, exit, kill and release need no new decision.
+
+Does not own the ACP wire (upstream/acp.py), the policy (policy.py) or asking the person (confirmation.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from gatewayd.authorize import authorize
+from gatewayd.calls import Call, Target
+from gatewayd.confirmation import ConfirmationGate
+from gatewayd.errors import (
+    ConfirmationDenied,
+    ConfirmationExpired,
+    GatewayError,
+    InvalidParams,
+    RequestCancelled,
+)
+from gatewayd.records import Records
+from gatewayd.terminals import Terminals
+from gatewayd.upstream.api import Upstream
+
+logger = logging.getLogger(__name__)
+
+# How an agent's request reaches the gateway, as the audit log names it.
+AGENT = "agent"
+PERMISSION, READ, WRITE = "session/request_permission", "fs/read_text_file", "fs/write_text_file"
+TERMINAL = "terminal/create"
+# Largest text file an agent may read or write through the gateway.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+class Agents:
+    """Makes the host a turn's requests are answered by: the caller's call, the policy's records and gate."""
+
+    def __init__(self, records: Records, gate: ConfirmationGate) -> None:
+        self.records = records
+        self.gate = gate
+
+    def host(self, call: Call, server: Upstream) -> AgentHost:
+        return AgentHost(self, call, server)
+
+
+class AgentHost:
+    """The answers to one turn's requests, for the client whose call the turn is (upstream/api.AgentHost)."""
+
+    def __init__(self, agents: Agents, call: Call, server: Upstream) -> None:
+        self._agents = agents
+        self._call = call
+        self._server = server
+        # Made at the turn's first terminal only: most turns have none.
+        self._terminals: Terminals | None = None
+
+    async def answer(self, server: str, message: dict[str, Any]) -> dict[str, Any]:
+        method = str(message.get("method"))
+        params = message.get("params") if isinstance(message.get("params"), dict) else {}
+        assert isinstance(params, dict)
+        # What policy rules see and a person is shown: the request without the session it names.
+        arguments = {key: value for key, value in params.items() if key not in ("sessionId", "_meta")}
+        call = Call(self._call.ctx, AGENT, message.get("id"), f"{server}.{method}", params, arguments, None,
+                    trace=self._call.trace)
+        try:
+            if method == PERMISSION:
+                result = await self._permission(call, arguments)
+            elif method == TERMINAL:
+                result = await self._terminal(call, arguments)
+            elif method.startswith("terminal/"):
+                # A terminal this turn made (its command was decided when it was): no new decision.
+                result = await (self._terminals or Terminals()).handle(method, arguments)
+            else:
+                result = await self._file(call, method, arguments)
+        except GatewayError as exc:
+            return {"jsonrpc": "2.0", "id": message.get("id"), "error": exc.to_wire()}
+        return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+
+    async def _permission(self, call: Call, arguments: dict[str, Any]) -> dict[str, Any]:
+        options = arguments.get("options") if isinstance(arguments.get("options"), list) else []
+        assert isinstance(options, list)
+        records = self._agents.records
+        try:
+            confirm = await authorize(call, Target(self._server, PERMISSION, surface=True), records)
+            if confirm is not None:
+                await self._agents.gate.confirm(call, confirm)
+        except (ConfirmationExpired, RequestCancelled) as exc:
+            records.outcome(call, "cancelled", error_code=exc.code)
+            return {"outcome": {"outcome": "cancelled"}}
+        except (ConfirmationDenied, GatewayError) as exc:
+            records.outcome(call, "rejected", error_code=exc.code)
+            return _choose(options, "reject")
+        records.outcome(call, "allowed")
+        return _choose(options, "allow")
+
+    async def close(self) -> None:
+        if self._terminals is not None:
+            await self._terminals.close()
+
+    async def _terminal(self, call: Call, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A command the agent wants run: decided (`SERVER.terminal/create`, its command, args, cwd and env), a
+        person asked where the policy says, then started (terminals.py)."""
+        records = self._agents.records
+        confirm = await authorize(call, Target(self._server, TERMINAL, surface=True), records)
+        try:
+            if confirm is not None:
+                await self._agents.gate.confirm(call, confirm)
+            if self._terminals is None:
+                self._terminals = Terminals()
+            result = await self._terminals.create(arguments)
+        except GatewayError as exc:
+            records.outcome(call, exc.error_type, error_code=exc.code)
+            raise
+        records.outcome(call, "ok")
+        return result
+
+    async def _file(self, call: Call, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        records = self._agents.records
+        path = arguments.get("path")
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise InvalidParams(f"{method} needs params.path, an absolute path")
+        confirm = await authorize(call, Target(self._server, method, surface=True), records)
+        try:
+            if confirm is not None:
+                await self._agents.gate.confirm(call, confirm)
+            if method == READ:
+                result: dict[str, Any] = {"content": await asyncio.to_thread(_read, path, arguments)}
+            else:
+                content = arguments.get("content")
+                if not isinstance(content, str):
+                    raise InvalidParams("fs/write_text_file needs params.content, a string")
+                await asyncio.to_thread(_write, path, content)
+                result = {}
+        except GatewayError as exc:
+            records.outcome(call, exc.error_type, error_code=exc.code)
+            raise
+        records.outcome(call, "ok")
+        return result
+
+
+def _choose(options: list[Any], kind: str) -> dict[str, Any]:
+    """The agent's own option of `kind` ("allow" or "reject"), once-only first: never an "always" the person did
+    not choose; `cancelled` when the agent offered none."""
+    for wanted in (f"{kind}_once", f"{kind}_always" if kind == "reject" else None):
+        for option in options:
+            if isinstance(option, dict) and option.get("kind") == wanted and isinstance(option.get("optionId"), str):
+                return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
+    return {"outcome": {"outcome": "cancelled"}}
+
+
+def _read(path: str, arguments: dict[str, Any]) -> str:
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE_BYTES:
+            raise InvalidParams(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} an agent may read")
+        with open(path, encoding="utf-8", errors="replace") as file:
+            text = file.read()
+    except OSError as exc:
+        raise InvalidParams(f"{path}: {exc.strerror}") from None
+    line, limit = arguments.get("line"), arguments.get("limit")
+    if isinstance(line, int) or isinstance(limit, int):
+        lines = text.splitlines(keepends=True)
+        start = max(0, line - 1) if isinstance(line, int) else 0
+        end = start + limit if isinstance(limit, int) and limit >= 0 else None
+        text = "".join(lines[start:end])
+    return text
+
+
+def _write(path: str, content: str) -> None:
+    data = content.encode("utf-8")
+    if len(data) > MAX_FILE_BYTES:
+        raise InvalidParams(f"{path}: {len(data)} bytes, more than the {MAX_FILE_BYTES} an agent may write")
+    try:
+        with open(path, "wb") as file:
+            file.write(data)
+    except OSError as exc:
+        raise InvalidParams(f"{path}: {exc.strerror}") from None
+

@@ -1,0 +1,176 @@
+"""The 2026-07-28 ("modern", stateless) era of MCP, apart from HTTP: the per-request `_meta` envelope and what a
+result carries in that era.
+
+Owns: which versions are served per request, reading and checking a request's envelope (version, client
+capabilities, client info, log level), the methods that era removed, which methods it serves at all, the
+`server/discover` result, and finishing every result (`resultType`, the server's identity in `_meta`, `ttlMs` and
+`cacheScope` on lists and reads). A modern request is an ordinary call without a session: authorization, policy,
+limits, audit and confirmation are the pipeline's (gateway.py), as for a legacy one. Does not own HTTP headers,
+status codes or streams (web/modern.py) or `subscriptions/listen` (listeners.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gatewayd import surfaces
+from gatewayd.errors import InvalidParams, MethodNotFound, MissingClientCapability, UnsupportedProtocolVersion
+from gatewayd.sessions import LOG_LEVELS
+
+logger = logging.getLogger(__name__)
+
+# Versions served per request, without a session (MCP 2026-07-28 basic/versioning.mdx), newest first.
+MODERN_VERSIONS: Final = ("2026-07-28",)
+VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
+CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
+LOG_LEVEL_KEY: Final = "io.modelcontextprotocol/logLevel"
+SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
+SUBSCRIPTION_ID_KEY: Final = "io.modelcontextprotocol/subscriptionId"
+
+DISCOVER: Final = "server/discover"
+LISTEN: Final = "subscriptions/listen"
+# The methods 2026-07-28 removed from the core protocol (changelog.mdx): answered 404 + -32601 as unknown ones are.
+# Tasks moved to an extension this gateway does not offer in that era yet.
+REMOVED: Final = frozenset({
+    "initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
+    "tasks/get", "tasks/result", "tasks/list", "tasks/cancel",
+})
+# MCP methods a modern request may name; anything else with a `/` is unknown. A dotted `server.method` is a plain
+# JSON-RPC call to a tool server, decided by policy as in the legacy era.
+SERVED: Final = frozenset({
+    DISCOVER, LISTEN, "tools/list", "tools/call", *surfaces.LISTS, "resources/read", "prompts/get",
+    "completion/complete",
+})
+# Results a client may cache (SEP-2549): every list, a resource's contents, and discovery.
+CACHEABLE: Final = frozenset({DISCOVER, "tools/list", *surfaces.LISTS, "resources/read"})
+# How long a client may reuse a cacheable result: not at all. Lists change with a reload, a child's notification or
+# a policy edit at any moment, and listeners (`subscriptions/listen`) are told when they do.
+CACHE_TTL_MS: Final = 0
+# Every list and read depends on who asks (policy decides what each client sees): never shared between users.
+CACHE_SCOPE: Final = "private"
+# Kept of a client's declared capabilities and info: a few keys, a few levels, short strings (as sessions keep).
+ENVELOPE_STRING: Final = 256
+# The client capability each request a tool server may put to its caller needs.
+ASKS: Final = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
+# What a tool server is answered when its request cannot reach a modern caller (as the relay refuses, relay.py).
+NOT_ASKED: Final = -32601
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a modern request says about its client in `params._meta`."""
+
+    version: str
+    capabilities: dict[str, Any]
+    client_info: dict[str, Any]
+    # The lowest level of `notifications/message` the client wants for this request; None: no log messages at all.
+    log_level: str | None
+
+    def declares(self, capability: str) -> bool:
+        """Whether the client declared `capability` (an object) for this request."""
+        return isinstance(self.capabilities.get(capability), dict)
+
+    def wants_log(self, level: Any) -> bool:
+        """Whether a `notifications/message` at `level` reaches this request's caller."""
+        if self.log_level is None:
+            return False
+        if level not in LOG_LEVELS:
+            return True
+        return LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.log_level)
+
+
+def meta_of(params: Any) -> Any:
+    """A request's `_meta`, or None when there is none (or no params object to hold one)."""
+    return params.get("_meta") if isinstance(params, dict) else None
+
+
+def is_modern_body(params: Any) -> bool:
+    """Whether a request's params carry the modern envelope's version key (the era is chosen per request)."""
+    meta = meta_of(params)
+    return isinstance(meta, dict) and VERSION_KEY in meta
+
+
+def envelope(params: Any) -> Envelope:
+    """The request's envelope, its shape checked: -32602 for a missing `_meta` or a missing or mistyped field. (Its
+    version is checked after the headers, `check_version`: a client contradicting itself is told so first.)"""
+    meta = meta_of(params)
+    if not isinstance(meta, dict):
+        raise InvalidParams(f"params._meta must be an object carrying {VERSION_KEY!r} and {CAPABILITIES_KEY!r}")
+    missing = [key for key in (VERSION_KEY, CAPABILITIES_KEY) if key not in meta]
+    if missing:
+        raise InvalidParams(f"params._meta lacks {', '.join(missing)}")
+    version, capabilities = meta[VERSION_KEY], meta[CAPABILITIES_KEY]
+    if not isinstance(version, str):
+        raise InvalidParams(f"params._meta[{VERSION_KEY!r}] must be a string")
+    if not isinstance(capabilities, dict):
+        raise InvalidParams(f"params._meta[{CAPABILITIES_KEY!r}] must be an object")
+    info = meta.get(CLIENT_INFO_KEY, {})
+    if not isinstance(info, dict):
+        raise InvalidParams(f"params._meta[{CLIENT_INFO_KEY!r}] must be an object")
+    level = meta.get(LOG_LEVEL_KEY)
+    if level is not None and level not in LOG_LEVELS:
+        raise InvalidParams(f"params._meta[{LOG_LEVEL_KEY!r}] must be one of {', '.join(LOG_LEVELS)}")
+    return Envelope(version, capabilities, info, level)
+
+
+def check_version(envelope: Envelope) -> None:
+    """-32022, naming the versions served, for a version not served per request."""
+    if envelope.version not in MODERN_VERSIONS:
+        raise UnsupportedProtocolVersion(envelope.version[:ENVELOPE_STRING], list(MODERN_VERSIONS))
+
+
+def check_method(method: str) -> None:
+    """-32601 for a method the modern era removed or never had (a dotted `server.method` goes to policy)."""
+    if method in REMOVED or ("/" in method and method not in SERVED):
+        raise MethodNotFound(method)
+
+
+def discover_result(capabilities: dict[str, Any], instructions: str) -> dict[str, Any]:
+    """`server/discover`: the versions served per request, what the gateway offers, how to read its names."""
+    return {"supportedVersions": list(MODERN_VERSIONS), "capabilities": capabilities, "instructions": instructions}
+
+
+def modern_capabilities(legacy: dict[str, Any]) -> dict[str, Any]:
+    """The capabilities of the modern era: the legacy ones but tasks (an extension there, not offered yet)."""
+    return {name: value for name, value in legacy.items() if name != "tasks"}
+
+
+def finish(method: str, result: Any, server_info: dict[str, Any]) -> Any:
+    """A result as the modern era carries it: `resultType`, the server's identity in `_meta`, and caching hints on
+    what may be cached. A child's own `resultType` and `_meta` keys are kept."""
+    if not isinstance(result, dict):
+        return result
+    finished = {**result}
+    finished.setdefault("resultType", "complete")
+    meta = finished.get("_meta")
+    finished["_meta"] = {**(meta if isinstance(meta, dict) else {}), SERVER_INFO_KEY: server_info}
+    if method in CACHEABLE:
+        finished.setdefault("ttlMs", CACHE_TTL_MS)
+        finished.setdefault("cacheScope", CACHE_SCOPE)
+    return finished
+
+
+class Asker:
+    """Who a tool server's own requests (sampling, elicitation, roots) during a modern call are put to. A request
+    needing a capability the caller did not declare fails the call with -32021 naming it (the server must not rely
+    on it); a declared one would be an input-required result, which the gateway does not return yet: the server is
+    refused, as the relay refuses what it cannot ask."""
+
+    def __init__(self, envelope: Envelope) -> None:
+        self.envelope = envelope
+
+    def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
+            reply: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        method = str(message.get("method"))
+        capability = ASKS.get(method)
+        if capability is not None and not self.envelope.declares(capability) and call is not None \
+                and not call.done():
+            logger.info("server=%s %s: the modern caller did not declare %s", server, method, capability)
+            call.set_exception(MissingClientCapability(capability))
+        return {"jsonrpc": "2.0", "id": message.get("id"),
+                "error": {"code": NOT_ASKED, "message": f"{method}: not relayed to a client of MCP 2026-07-28 yet"}}

@@ -1,0 +1,322 @@
+"""The Agent Client Protocol (ACP) over stdio: a long-running agent as a tool server (`protocol = "acp"`).
+
+Owns the gateway's side of an ACP agent's wire: the `initialize` handshake (declaring the client
+capabilities the gateway serves: reading and writing text files; terminals if offered), the session methods a
+client may call directly (`SERVER.session/new`, `session/load`, `session/prompt`, `session/set_mode`,
+`session/cancel`), and the MCP tool `prompt` that drives an agent from any MCP client (a new session,
+or the one named, then one turn; the agent's words are the result, its updates the call's progress and
+log lines). Also:
+
+  - which client each of the agent's sessions belongs to: a session id the agent hands out is bound to
+    the client that received it, and any other client naming it is told it does not exist;
+  - a turn (`session/prompt`) at a time per session, its deadline following its activity: each update
+    starts the tools.d `activity_timeout` again, under the method's `timeout` as a hard cap, and a
+    wait for a person does not count as silence; a turn that ends by timeout or cancel is told
+    `session/cancel`;
+  - `session/update` notifications routed, in order, to the caller of the turn of that session (as they
+    are for a direct call, as progress and log lines for the tool), at most MAX_TURN_UPDATES a turn;
+  - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
+    `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
+    `Delivery.host` (agents.py: policy, the confirmation gate, audit); anything else, and anything
+    outside a turn, refused at once, so the agent never waits. The turn's end ends its terminals.
+
+Does not own deciding or answering those requests (agents.py), the child's lifecycle (server.py) or
+per-client children (fleet.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatewayd import __version__
+from gatewayd.config.models import ServerConfig
+from gatewayd.errors import CallTimedOut, ToolServerUnavailable, UpstreamError
+from gatewayd.upstream.api import Caller, Delivery, ToolDef
+from gatewayd.upstream.connection import Connection
+from gatewayd.upstream.dialects import Dialect
+
+logger = logging.getLogger(__name__)
+
+ACP_PROTOCOL_VERSION = 1
+# What the gateway serves the agent as its client: text files, read and written under the caller's policy, and
+# terminals when the tools.d file offers them.
+FILES = {"readTextFile": True, "writeTextFile": True}
+# The session methods a client may call directly; `session/cancel` is a notification in ACP.
+PROMPT, NEW, LOAD, SET_MODE, CANCEL = "session/prompt", "session/new", "session/load", "session/set_mode", \
+    "session/cancel"
+SESSION_METHODS = frozenset({PROMPT, NEW, LOAD, SET_MODE, CANCEL})
+# The MCP tool that runs one turn, and its arguments.
+PROMPT_TOOL = "prompt"
+PROMPT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "text": {"type": "string", "description": "What to tell the agent."},
+        "sessionId": {"type": "string", "description": "The agent session to continue (from an earlier result); "
+                                                       "a new one when left out."},
+    },
+    "required": ["text"],
+}
+# What the agent asks its client that the gateway answers (agents.py); `terminal/*` only when offered.
+HOSTED = frozenset({"session/request_permission", "fs/read_text_file", "fs/write_text_file"})
+TERMINAL = frozenset({"terminal/create", "terminal/output", "terminal/wait_for_exit", "terminal/kill",
+                      "terminal/release"})
+UPDATE = "session/update"
+# A turn's updates passed on to its caller: an agent that floods is cut off there (its result still arrives).
+MAX_TURN_UPDATES = 10_000
+# The agent's words a `prompt` tool result carries; the rest is cut, and the result says so.
+MAX_TURN_TEXT = 1024 * 1024
+# Sessions of one agent whose owner the gateway remembers; an agent that hands out more has the oldest forgotten.
+MAX_SESSIONS = 4096
+# A session id longer than this is not one this gateway handed on.
+MAX_SESSION_ID = 256
+
+
+def _unknown_session(session: Any) -> UpstreamError:
+    return UpstreamError({"code": -32602, "message": f"unknown session {str(session)[:MAX_SESSION_ID]!r}"})
+
+
+@dataclass(eq=False)
+class _Turn:
+    """One `session/prompt` in flight: its gateway id on the child, how it is delivered, and what it gathered."""
+
+    call_id: int
+    conn: Connection
+    how: Delivery
+    # Through the MCP `prompt` tool (updates become progress and log lines; the agent's words the result).
+    tool: bool
+    words: list[str] = field(default_factory=list)
+    size: int = 0
+    updates: int = 0
+    # The agent's requests being answered for this turn; ended with it.
+    asks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class AcpDialect(Dialect):
+    """An ACP agent over stdio: `initialize`, sessions bound to clients, turns with activity deadlines."""
+
+    protocol = "acp"
+
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
+        super().__init__(name, config, owner)
+        self._tools = [ToolDef(PROMPT_TOOL, f"Tell the {name} agent something and get its answer: one turn of a "
+                               "conversation that goes on with the sessionId the result gives.", PROMPT_SCHEMA)]
+        # The client each session the agent handed out belongs to, oldest first.
+        self._owners: dict[str, str] = {}
+        self._turns: dict[str, _Turn] = {}
+        self._hosted = HOSTED | TERMINAL if config.terminals else HOSTED
+
+    @property
+    def declared(self) -> list[ToolDef] | None:
+        return self._tools
+
+    def declares(self, method: str) -> bool | None:
+        return method == PROMPT_TOOL or method in SESSION_METHODS
+
+    def settings_name(self, method: str) -> str:
+        return PROMPT if method == PROMPT_TOOL else method
+
+    async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
+        try:
+            result = await conn.call("initialize", {
+                "protocolVersion": ACP_PROTOCOL_VERSION,
+                "clientCapabilities": {"fs": FILES, "terminal": self.config.terminals},
+                "clientInfo": {"name": "gatewayd", "version": __version__},
+            }, timeout=self.config.startup_timeout)
+        except UpstreamError as exc:
+            raise ToolServerUnavailable(f"agent {self.name!r} refused the ACP handshake: {exc.message}",
+                                        {"server": self.name}) from exc
+        version = result.get("protocolVersion") if isinstance(result, dict) else None
+        logger.info("server=%s pid=%d ready: ACP protocol %s", tag, conn.pid, version)
+        return self._tools
+
+    async def list_tools(self, conn: Connection, tag: str) -> list[ToolDef]:
+        return self._tools
+
+    def can_notify(self, method: str) -> bool:
+        return method == CANCEL
+
+    async def notify(self, conn: Connection, method: str, params: Any, how: Delivery) -> None:
+        self._own(params, how)
+        await conn.notify(method, params)
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
+        if method not in SESSION_METHODS:
+            raise UpstreamError({"code": -32601, "message": f"an ACP agent has no method {method}"})
+        if not isinstance(params, dict):
+            raise UpstreamError({"code": -32602, "message": f"{method} needs params, an object"})
+        if method == NEW:
+            result = await conn.call(method, params, timeout=timeout)
+            self._bind(result.get("sessionId") if isinstance(result, dict) else None, how.client)
+            return result
+        if method == LOAD:
+            session = params.get("sessionId")
+            if self._owners.get(str(session), how.client) != how.client:
+                raise _unknown_session(session)
+            # Loading replays the conversation as updates, which reach the caller as a turn's do.
+            result, _ = await self._turn(conn, method, params, timeout, how, tool=False)
+            self._bind(session, how.client)
+            return result
+        session = self._own(params, how)
+        if method == CANCEL:
+            await conn.notify(method, params)
+            return None
+        if method == PROMPT:
+            result, _ = await self._turn(conn, method, params, timeout, how, tool=False)
+            return result
+        return await conn.call(method, params, timeout=timeout)
+
+    async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
+        if tool != PROMPT_TOOL:
+            return await self.call_method(conn, tool, arguments, timeout, how)
+        text = arguments.get("text") if isinstance(arguments, dict) else None
+        if not isinstance(text, str):
+            return _tool_error("prompt needs the argument text, a string")
+        try:
+            session = arguments.get("sessionId")
+            if session is None:
+                created = await conn.call(NEW, {"cwd": self._cwd(conn), "mcpServers": []},
+                                          timeout=self.config.timeout_for(NEW))
+                session = created.get("sessionId") if isinstance(created, dict) else None
+                self._bind(session, how.client)
+            self._own({"sessionId": session}, how)
+            result, turn = await self._turn(conn, PROMPT, {"sessionId": session,
+                                                           "prompt": [{"type": "text", "text": text}]},
+                                            timeout, how, tool=True)
+        except UpstreamError as exc:
+            # The agent's own failure is a result the model can read, not a protocol error.
+            return _tool_error(exc.message)
+        words = "".join(turn.words)
+        if turn.size > MAX_TURN_TEXT:
+            words += f"\n[… {turn.size - MAX_TURN_TEXT} more characters of the agent's answer were cut]"
+        stop = result.get("stopReason") if isinstance(result, dict) else None
+        return {"content": [{"type": "text", "text": words}], "isError": False,
+                "structuredContent": {"sessionId": session, "stopReason": stop}}
+
+    async def _turn(self, conn: Connection, method: str, params: dict[str, Any], timeout: float, how: Delivery,
+                    *, tool: bool) -> tuple[Any, _Turn]:
+        """One turn (or a load) of a session: its updates and requests go to this caller until it ends; its
+        result, and what the turn gathered."""
+        session = str(params.get("sessionId"))
+        if session in self._turns:
+            raise UpstreamError({"code": -32602, "message": f"session {session[:MAX_SESSION_ID]!r} is already "
+                                                            "running a turn: wait for it, or cancel it"})
+        call_id = conn.new_id()
+        turn = self._turns[session] = _Turn(call_id, conn, how, tool)
+        try:
+            result = await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
+                                     silence=self.config.silence_for(method))
+            return result, turn
+        except (CallTimedOut, asyncio.CancelledError):
+            # ACP's own way to stop a turn; the agent then answers the prompt with stopReason "cancelled".
+            with contextlib.suppress(ToolServerUnavailable):
+                await asyncio.shield(conn.notify(CANCEL, {"sessionId": session}))
+            raise
+        finally:
+            del self._turns[session]
+            for ask in turn.asks:
+                ask.cancel()
+            if how.host is not None:
+                await asyncio.shield(how.host.close())
+
+    # -- what the agent sends unasked ------------------------------------------------------
+
+    def on_notification(self, message: dict[str, Any]) -> bool:
+        if message.get("method") != UPDATE:
+            return False
+        params = message.get("params")
+        turn = self._turns.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
+        if turn is None:
+            logger.debug("server=%s update of no turn dropped", self.name)
+            return True
+        turn.conn.touch(turn.call_id)
+        turn.updates += 1
+        if turn.updates > MAX_TURN_UPDATES:
+            if turn.updates == MAX_TURN_UPDATES + 1:
+                logger.warning("server=%s sent more than %d updates in one turn: the rest are dropped", self.name,
+                               MAX_TURN_UPDATES)
+            return True
+        if turn.tool:
+            self._tool_update(turn, message)
+        elif turn.how.on_event is not None:
+            turn.how.on_event(message)
+        return True
+
+    def _tool_update(self, turn: _Turn, message: dict[str, Any]) -> None:
+        """An update of a turn run by the `prompt` tool: its words kept for the result, and the caller told."""
+        update = message["params"].get("update")
+        kind = update.get("sessionUpdate") if isinstance(update, dict) else None
+        content = update.get("content") if isinstance(update, dict) else None
+        if kind == "agent_message_chunk" and isinstance(content, dict) and isinstance(content.get("text"), str):
+            text = content["text"]
+            if turn.size < MAX_TURN_TEXT:
+                turn.words.append(text[:MAX_TURN_TEXT - turn.size])
+            turn.size += len(text)
+        sink = turn.how.on_event
+        if sink is None:
+            return
+        if turn.how.progress:
+            sink({"jsonrpc": "2.0", "method": "notifications/progress",
+                  "params": {"progressToken": turn.call_id, "progress": turn.updates, "message": str(kind)}})
+        sink({"jsonrpc": "2.0", "method": "notifications/message",
+              "params": {"level": "info", "logger": self.name, "data": update}})
+
+    def on_request(self, message: dict[str, Any], conn: Connection | None = None) -> dict[str, Any] | None:
+        method = str(message.get("method"))
+        params = message.get("params")
+        turn = self._turns.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
+        host = turn.how.host if turn is not None else None
+        if method not in self._hosted or turn is None or host is None or conn is None:
+            why = "is not offered" if method not in self._hosted else "belongs to no turn a client is waiting for"
+            logger.info("server=%s %s refused: it %s", self.name, method, why)
+            return {"jsonrpc": "2.0", "id": message.get("id"),
+                    "error": {"code": -32601, "message": f"{method}: refused, it {why}"}}
+        ask = asyncio.get_running_loop().create_task(self._ask(turn, host, message), name=f"{self.name}-{method}")
+        turn.asks.add(ask)
+        ask.add_done_callback(turn.asks.discard)
+        return None
+
+    async def _ask(self, turn: _Turn, host: Any, message: dict[str, Any]) -> None:
+        """Answer one of the agent's requests through the host; while it waits (a person, say), the turn is not
+        silent. Ended with the turn: the agent is then told so."""
+        turn.conn.hold(turn.call_id, True)
+        try:
+            reply = await host.answer(self.name, message)
+        except asyncio.CancelledError:
+            reply = {"jsonrpc": "2.0", "id": message.get("id"),
+                     "error": {"code": -32000, "message": f"{message.get('method')}: the turn ended"}}
+        finally:
+            turn.conn.hold(turn.call_id, False)
+        turn.conn.reply(reply)
+
+    # -- sessions and their owners ---------------------------------------------------------
+
+    def _bind(self, session: Any, client: str) -> None:
+        """The agent handed `session` to `client`: only that client may name it from now on."""
+        if not isinstance(session, str) or len(session) > MAX_SESSION_ID:
+            raise UpstreamError({"code": -32603, "message": "the agent answered without a usable sessionId"})
+        self._owners.pop(session, None)
+        self._owners[session] = client
+        while len(self._owners) > MAX_SESSIONS:
+            del self._owners[next(iter(self._owners))]
+
+    def _own(self, params: Any, how: Delivery) -> str:
+        """The session a call names, if it is the caller's; another client's, or none, is unknown."""
+        session = params.get("sessionId") if isinstance(params, dict) else None
+        if not isinstance(session, str) or self._owners.get(session) != how.client:
+            raise _unknown_session(session)
+        return session
+
+    def _cwd(self, conn: Connection) -> str:
+        """Where a session the `prompt` tool opens works: the child's own working directory."""
+        return os.path.abspath(conn.cwd) if conn.cwd else os.getcwd()
+
+
+def _tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}

@@ -1,0 +1,310 @@
+"""The `/mcp` endpoint for MCP 2026-07-28 ("modern") requests: stateless, one request per POST, no session.
+
+Owns: telling a modern request from a legacy one (per request, basic/versioning.mdx), the validation ladder in the
+spec's order (the `_meta` envelope's shape → the routing headers `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
+`Mcp-Param-*` against the body → the version → the method), the HTTP status of each JSON-RPC error, answering as
+JSON or as an event stream whose closing cancels the call, the request's log level, and the `subscriptions/listen`
+stream. A modern call runs the same pipeline as a legacy one (`Gateway.dispatch`, with no session): the same
+authorization, policy, limits, audit and confirmation. Does not own the envelope's meaning or results' decoration
+(modern.py), the listeners' registry and filters (listeners.py), or legacy sessions (mcp_http.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+from typing import Any, Final
+
+from aiohttp import web
+
+from gatewayd import __version__, jsonrpc, modern
+from gatewayd.calls import CallContext, Emit
+from gatewayd.errors import (
+    GatewayError,
+    HeaderMismatch,
+    InvalidRequest,
+    RequestCancelled,
+    error_response,
+)
+from gatewayd.listeners import Listener, acknowledgement, requested, subscribed_updates
+from gatewayd.policy import Principal
+from gatewayd.sessions import SUPPORTED_VERSIONS
+from gatewayd.state import DaemonState
+from gatewayd.surfaces import SUBSCRIBE
+from gatewayd.web import limits, sse
+
+logger = logging.getLogger(__name__)
+
+VERSION_HEADER: Final = "MCP-Protocol-Version"
+METHOD_HEADER: Final = "Mcp-Method"
+NAME_HEADER: Final = "Mcp-Name"
+PARAM_PREFIX: Final = "Mcp-Param-"
+SESSION_HEADER: Final = "Mcp-Session-Id"
+# The body field each named method mirrors in `Mcp-Name` (transports/streamable-http.mdx).
+NAMED: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+# The schema keyword that mirrors a tool argument in an `Mcp-Param-<token>` header (SEP-2243).
+X_MCP_HEADER: Final = "x-mcp-header"
+# A header value that is not plain ASCII travels as `=?base64?<base64 of its UTF-8>?=`.
+B64_START, B64_END = "=?base64?", "?="
+# HTTP status of each JSON-RPC error code in this era (streamable-http.mdx, basic/index.mdx); any other is 200.
+STATUS: Final = {-32700: 400, -32600: 400, -32602: 400, -32020: 400, -32021: 400, -32022: 400, -32601: 404}
+ROUTING_HEADERS: Final = (VERSION_HEADER, METHOD_HEADER, NAME_HEADER)
+SERVER_INFO: Final = {"name": "gatewayd", "version": __version__}
+
+
+def chosen(request: web.Request, message: jsonrpc.Message) -> bool:
+    """Whether a request is of the modern era: its `MCP-Protocol-Version` is not a legacy version, or it has no
+    session and its `_meta` carries the modern envelope (a legacy client's header or session keeps it legacy)."""
+    version = request.headers.get(VERSION_HEADER)
+    if version is not None:
+        return version not in SUPPORTED_VERSIONS
+    return (SESSION_HEADER not in request.headers and isinstance(message, jsonrpc.Request)
+            and message.method != "initialize" and modern.is_modern_body(message.params))
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=jsonrpc.dumps(body), status=status, content_type="application/json")
+
+
+def _error(request_id: Any, error: GatewayError) -> web.Response:
+    return _json(error_response(request_id, error), STATUS.get(error.code, 200))
+
+
+def _answered(answer: dict[str, Any]) -> web.Response:
+    """A JSON answer, with the status its error code has in this era."""
+    error = answer.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    return _json(answer, STATUS.get(code, 200) if isinstance(code, int) else 200)
+
+
+async def handle(request: web.Request, state: DaemonState, principal: Principal, body: jsonrpc.Body,
+                 sse_ok: bool) -> web.StreamResponse:
+    """Answer one modern POST."""
+    if body.is_batch:
+        return _error(None, InvalidRequest("MCP 2026-07-28 takes one message per POST, not a batch"))
+    message = body.messages[0]
+    if isinstance(message, jsonrpc.Invalid):
+        return _error(message.id, message.error)
+    if isinstance(message, jsonrpc.Response):
+        return _error(message.id, InvalidRequest("MCP 2026-07-28 clients send no responses"))
+    if isinstance(message, jsonrpc.Notification):
+        # The core protocol defines no client notifications over HTTP (cancelling is closing the stream).
+        return web.Response(status=202)
+    try:
+        envelope = modern.envelope(message.params)
+        _check_headers(request, message, envelope)
+        modern.check_version(envelope)
+        modern.check_method(message.method)
+        if message.method == modern.LISTEN:
+            return await _listen(request, state, principal, message, envelope)
+        if message.method == "tools/call":
+            await _check_param_headers(request, state, principal, message)
+    except GatewayError as exc:
+        logger.info("client=%s modern %s refused: %s", principal.name, message.method[:64], exc.message)
+        return _error(message.id, exc)
+    ctx = CallContext(principal, state.generation.servers, None, on_disconnect=limits.on_disconnect(request),
+                      authority=state.principal, asker=modern.Asker(envelope))
+    if sse_ok:
+        return await _answer_sse(request, state, ctx, message, envelope)
+    answer = await _cancellable(state, ctx, message, envelope)
+    return _answered(answer)
+
+
+# -- the ladder ------------------------------------------------------------------------------------
+
+
+def _check_headers(request: web.Request, message: jsonrpc.Request, envelope: modern.Envelope) -> None:
+    """-32020 when a routing header is missing, repeated, or says something else than the body."""
+    headers = request.headers
+    for name in ROUTING_HEADERS:
+        if len(headers.getall(name, ())) > 1:
+            raise HeaderMismatch(f"{name} header sent more than once")
+    if headers.get(VERSION_HEADER) != envelope.version:
+        raise HeaderMismatch(f"{VERSION_HEADER} header does not match params._meta[{modern.VERSION_KEY!r}]")
+    if headers.get(METHOD_HEADER) != message.method:
+        raise HeaderMismatch(f"{METHOD_HEADER} header does not match the method")
+    field = NAMED.get(message.method)
+    if field is not None and isinstance(message.params, dict):
+        value = message.params.get(field)
+        if value is not None and decoded(headers.get(NAME_HEADER)) != value:
+            raise HeaderMismatch(f"{NAME_HEADER} header does not match params.{field}")
+
+
+def decoded(value: str | None) -> str | None:
+    """A header value as sent: the text of a `=?base64?…?=` value (None if that is malformed), else itself."""
+    if value is None or not (value.startswith(B64_START) and value.endswith(B64_END)):
+        return value
+    try:
+        return base64.b64decode(value[len(B64_START):-len(B64_END)], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+async def _check_param_headers(request: web.Request, state: DaemonState, principal: Principal,
+                               message: jsonrpc.Request) -> None:
+    """-32020 unless each argument the called tool marks `x-mcp-header` is mirrored, exactly, by its
+    `Mcp-Param-<token>` header. Only a tool the client sees is looked at: of any other, nothing is told."""
+    params = message.params if isinstance(message.params, dict) else {}
+    name, arguments = params.get("name"), params.get("arguments")
+    if not isinstance(name, str):
+        return
+    arguments = arguments if isinstance(arguments, dict) else {}
+    listed = await state.gateway.catalog.list_tools(principal, state.generation.servers)
+    schema = next((tool.get("inputSchema") for tool in listed["tools"] if tool.get("name") == name), None)
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return
+    for argument, spec in properties.items():
+        token = spec.get(X_MCP_HEADER) if isinstance(spec, dict) else None
+        if not isinstance(token, str):
+            continue
+        header = request.headers.get(PARAM_PREFIX + token)
+        value = arguments.get(argument)
+        if value is None and header is None:
+            continue
+        if value is None or header is None or decoded(header) != _rendered(value):
+            raise HeaderMismatch(f"{PARAM_PREFIX}{token} header does not match arguments.{argument}")
+
+
+def _rendered(value: Any) -> str | None:
+    """An argument as its `Mcp-Param-*` header carries it: booleans as true/false, numbers and strings as text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | str):
+        return str(value)
+    return None
+
+
+# -- answering -------------------------------------------------------------------------------------
+
+
+def _log_filter(emit: Emit, envelope: modern.Envelope) -> Emit:
+    """The call's event sink, without the log messages its `_meta` log level did not ask for (none without one)."""
+    def filtered(message: dict[str, Any]) -> None:
+        if message.get("method") == "notifications/message":
+            params = message.get("params")
+            if not envelope.wants_log(params.get("level") if isinstance(params, dict) else None):
+                return
+        emit(message)
+    return filtered
+
+
+async def _cancellable(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
+                       envelope: modern.Envelope) -> dict[str, Any]:
+    """Answer the request; the caller closing its connection cancels the call (MCP 2026-07-28: closing the response
+    stream is the cancellation). The call records itself as cancelled; the answer goes nowhere."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def lost() -> None:
+        nonlocal gone
+        gone = True
+        task.cancel()
+
+    assert ctx.on_disconnect is not None
+    forget = ctx.on_disconnect(lost)
+    try:
+        return await _dispatch(state, ctx, message, envelope)
+    except asyncio.CancelledError:
+        if not gone or task.uncancel() > 0:
+            raise
+        logger.info("client=%s closed the stream of %s: cancelled", ctx.principal.name, message.method[:64])
+        return error_response(message.id, RequestCancelled("the client closed the response stream"))
+    finally:
+        forget()
+
+
+async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
+                    envelope: modern.Envelope) -> dict[str, Any]:
+    """The answer, finished as the modern era carries results."""
+    gateway = state.gateway
+    if message.method == modern.DISCOVER:
+        legacy = gateway.initialize_result(envelope.version)
+        result: Any = modern.discover_result(modern.modern_capabilities(legacy["capabilities"]),
+                                             legacy["instructions"])
+        return jsonrpc.result_response(message.id, modern.finish(message.method, result, SERVER_INFO))
+    answer = await gateway.dispatch(ctx, message)
+    if "result" in answer:
+        answer["result"] = modern.finish(message.method, answer["result"], SERVER_INFO)
+    return answer
+
+
+async def _answer_sse(request: web.Request, state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
+                      envelope: modern.Envelope) -> web.StreamResponse:
+    """Answer as an event stream once the call has something to say early (progress, logs) or runs long; an answer
+    ready before that is plain JSON, so that an error keeps its HTTP status."""
+    stream = sse.CallStream(request, {}, state.settings.sse_keepalive, state.deadlines)
+    ctx.emit = _log_filter(stream.emit, envelope)
+    try:
+        answer = await _cancellable(state, ctx, message, envelope)
+    except BaseException:
+        await stream.abandon()
+        raise
+    if not stream.opened:
+        await stream.abandon()
+        return _answered(answer)
+    return await stream.finish(answer)
+
+
+# -- subscriptions/listen ---------------------------------------------------------------------------
+
+
+async def _listen(request: web.Request, state: DaemonState, principal: Principal, message: jsonrpc.Request,
+                  envelope: modern.Envelope) -> web.StreamResponse:
+    """A `subscriptions/listen` stream: the acknowledgement, then the notifications its filter asked for that this
+    client may see, until the client goes away or the daemon stops (then the listen result ends it)."""
+    wanted, uris = requested(message.params)
+    listener = state.listeners.open(principal.name, envelope, message.id, wanted)
+    try:
+        subscribed = await _subscribe(state, principal, listener, uris, message)
+        response = web.StreamResponse(headers=sse.HEADERS)
+        await response.prepare(request)
+        await response.write(sse.event(acknowledgement(listener, subscribed)))
+        ended = await _stream(response, listener, state.settings.sse_keepalive)
+        if ended:
+            result = modern.finish(modern.LISTEN, {"_meta": {modern.SUBSCRIPTION_ID_KEY: message.id}}, SERVER_INFO)
+            await response.write(sse.event(jsonrpc.result_response(message.id, result)))
+        return response
+    except ConnectionError:
+        logger.debug("client=%s listen stream closed", principal.name)
+        return web.Response(status=204)
+    finally:
+        state.listeners.close(listener)
+
+
+async def _subscribe(state: DaemonState, principal: Principal, listener: Listener, uris: list[str],
+                     message: jsonrpc.Request) -> list[str]:
+    """Subscribe the listener to each URI through the pipeline (decided as `resources/read` of its server, as a
+    legacy subscription is); the URIs it got. One it may not read is left out as an unknown one is."""
+    if not uris:
+        return []
+    ctx = CallContext(principal, state.generation.servers, listener, authority=state.principal)
+    got: list[str] = []
+    for uri in uris:
+        subscribe = jsonrpc.Request(message.id, SUBSCRIBE, {"uri": uri})
+        answer = await state.gateway.dispatch(ctx, subscribe)
+        if "result" in answer:
+            got.append(uri)
+        else:
+            logger.info("client=%s listen: %.200s not subscribed: %s", principal.name, uri, answer.get("error"))
+    if got:
+        subscribed_updates(listener)
+    return got
+
+
+async def _stream(response: web.StreamResponse, listener: Listener, keepalive: float) -> bool:
+    """Write the listener's notifications as they come, with keep-alives; True when the daemon ended it."""
+    while True:
+        try:
+            async with asyncio.timeout(keepalive):
+                event = await listener.outbound.get()
+        except TimeoutError:
+            await response.write(sse.KEEPALIVE)
+            continue
+        if event is None:
+            return True
+        await response.write(sse.event(event))
+

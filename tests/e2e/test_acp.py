@@ -1,0 +1,283 @@
+"""ACP agents behind the real daemon: a real agent on the official ACP SDK (tests/fixtures/acpagent.py).
+
+Two clients each get their own agent process and conversation; a session one client opened does not exist for
+the other; a turn's updates stream to its caller in order; a turn that keeps reporting runs past the server's
+call timeout and a silent one ends; the agent's permission request is approved with `gatewayctl`, denied on the
+web page's API, and answered by the caller's own user through MCP elicitation (the `prompt` tool); file reads
+and writes are served under the caller's `path_under` rule; `terminal/*` is refused; an agent that exits mid-turn
+fails the turn at once with its exit status; a session's agent stops when the session ends; no agent process
+survives the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+import httpx2
+import pytest
+import pytest_asyncio
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import ElicitResult
+
+from gatewayd.tokens import hash_token, new_token
+from tests.daemon import REPO, Daemon, gatewayctl, headers, pending_approvals, python_command, rpc, write_config
+from tests.e2e.test_mcp_sdk import SDK_READ_TIMEOUT, bearer, sse_messages
+from tests.waiting import eventually, process_gone
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+AGENT: Final = REPO / "tests" / "fixtures" / "acpagent.py"
+SSE: Final = {"Accept": "application/json, text/event-stream"}
+
+
+@dataclass
+class Rig:
+    daemon: Daemon
+    root: Path
+    tokens: dict[str, str]
+    operator: str
+
+    @property
+    def url(self) -> str:
+        return self.daemon.url
+
+    async def call(self, http: aiohttp.ClientSession, client: str, method: str, params: Any) -> dict[str, Any]:
+        return await rpc(http, self.url, self.tokens[client], method, params)
+
+    async def turn(self, http: aiohttp.ClientSession, client: str, session: str, text: str) -> dict[str, Any]:
+        return await self.call(http, client, "coder.session/prompt",
+                               {"sessionId": session, "prompt": [{"type": "text", "text": text}]})
+
+    async def said(self, http: aiohttp.ClientSession, client: str, session: str, text: str,
+                   server: str = "coder") -> list[str]:
+        """What the agent says in a turn, from the updates streamed to the caller, in order (then the result)."""
+        body = {"jsonrpc": "2.0", "id": 7, "method": f"{server}.session/prompt",
+                "params": {"sessionId": session, "prompt": [{"type": "text", "text": text}]}}
+        async with http.post(self.url, json=body, headers=headers(self.tokens[client], **SSE)) as response:
+            assert response.status == 200
+            messages = sse_messages(await response.text())
+        *updates, answer = messages
+        assert answer["result"] == {"stopReason": "end_turn"}, answer
+        return [update["params"]["update"]["content"]["text"] for update in updates
+                if update.get("method") == "session/update"]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
+    root = tmp_path_factory.mktemp("acp")
+    (root / "work").mkdir()
+    (root / "work" / "notes.txt").write_text("hello from the notes\nsecond line\n")
+    (root / "secret.txt").write_text("not for agents")
+    agent = python_command(str(AGENT)) + '\nprotocol = "acp"\ncall_timeout = "2s"\n' \
+        '[methods."session/prompt"]\ntimeout = "60s"\nactivity_timeout = "1.5s"\n'
+    roles = f'''
+[roles.dev]
+allow = ["coder.session/*", "coder.fs/read_text_file", "coder.fs/write_text_file", "mate.*", "pool.session/*",
+         "runner.session/*"]
+confirm = ["coder.session/request_permission", "mate.session/request_permission", "runner.terminal/create"]
+[roles.dev.args."runner.terminal/create".command]
+one_of = ["echo", "sh"]
+[roles.dev.confirmation."*.session/request_permission"]
+timeout = "20s"
+channels = ["client", "web"]
+[roles.dev.args."*.fs/*_text_file".path]
+path_under = "{root / "work"}"
+'''
+    tokens = write_config(root, {"coder": agent.replace('call_timeout', 'isolation = "client"\ncall_timeout', 1),
+                                 "mate": agent.replace('call_timeout', 'isolation = "session"\ncall_timeout', 1),
+                                 "pool": agent,
+                                 "runner": agent.replace('call_timeout', 'terminals = true\ncall_timeout', 1)},
+                          roles, {"alice": ["dev"], "bob": ["dev"]})
+    operator = new_token()
+    (root / "policies" / "operators.toml").write_text(f'[operators.ops]\ntoken_sha256 = "{hash_token(operator)}"\n')
+    async with Daemon(root) as running:
+        yield Rig(running, root, tokens, operator)
+
+
+async def new_session(rig: Rig, http: aiohttp.ClientSession, client: str, server: str = "coder") -> str:
+    answer = await rig.call(http, client, f"{server}.session/new", {"cwd": str(rig.root / "work"), "mcpServers": []})
+    return str(answer["result"]["sessionId"])
+
+
+async def test_each_client_has_its_own_agent_and_conversation(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        alice, bob = await new_session(rig, http, "alice"), await new_session(rig, http, "bob")
+        alice_pid = await rig.said(http, "alice", alice, "pid")
+        bob_pid = await rig.said(http, "bob", bob, "pid")
+        again = await rig.said(http, "alice", alice, "count")
+        # Bob cannot drive, cancel or load Alice's session: for him it does not exist.
+        stolen = await rig.turn(http, "bob", alice, "echo hi")
+        cancel = await rig.call(http, "bob", "coder.session/cancel", {"sessionId": alice})
+    assert alice_pid != bob_pid and again == ["2"]
+    assert stolen["error"]["code"] == cancel["error"]["code"] == -32602
+    assert "unknown session" in stolen["error"]["message"]
+
+
+async def test_on_a_shared_agent_a_session_belongs_to_the_client_that_opened_it(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        opened = await rig.call(http, "alice", "pool.session/new", {"cwd": str(rig.root), "mcpServers": []})
+        session = opened["result"]["sessionId"]
+        mine = await rig.call(http, "alice", "pool.session/prompt",
+                              {"sessionId": session, "prompt": [{"type": "text", "text": "echo mine"}]})
+        theirs = await rig.call(http, "bob", "pool.session/prompt",
+                                {"sessionId": session, "prompt": [{"type": "text", "text": "echo theirs"}]})
+        missing = await rig.call(http, "bob", "pool.session/prompt",
+                                 {"sessionId": "sess-404", "prompt": [{"type": "text", "text": "echo theirs"}]})
+    assert mine["result"] == {"stopReason": "end_turn"}
+    assert theirs["error"]["code"] == -32602
+    assert _without_names(theirs["error"]) == _without_names(missing["error"])
+
+
+def _without_names(error: dict[str, Any]) -> dict[str, Any]:
+    return {**error, "message": error["message"].split("'")[0]}
+
+
+async def test_a_turn_s_updates_stream_in_order(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        said = await rig.said(http, "alice", session, "report 4 0.05")
+    assert said == [f"tick {index} " for index in range(4)]
+
+
+async def test_a_turn_that_keeps_reporting_runs_past_the_call_timeout_and_a_silent_one_ends(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        # 3 s of ticks a second apart: past call_timeout (2 s), within activity_timeout (1.5 s) of each tick.
+        said = await rig.said(http, "alice", session, "report 3 1")
+        silent = await rig.turn(http, "alice", session, "silent 4")
+    assert said == ["tick 0 ", "tick 1 ", "tick 2 "]
+    assert silent["error"]["code"] == -32012 and silent["error"]["data"]["silent"] is True
+
+
+async def test_a_permission_is_approved_with_gatewayctl_and_denied_on_the_web_page(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        asking = asyncio.ensure_future(rig.said(http, "alice", session, "permission"))
+        [pending] = await pending_approvals(rig.root)
+        assert pending["method"] == "coder.session/request_permission"
+        assert "rm -rf build" in json.dumps(pending["arguments"]) and "allow_always" in json.dumps(pending["arguments"])
+        code, _, err = await gatewayctl(rig.root, "approve", pending["id"])
+        assert code == 0, err
+        approved = await asyncio.wait_for(asking, 20)
+        asking = asyncio.ensure_future(rig.said(http, "alice", session, "permission"))
+        [pending] = await pending_approvals(rig.root)
+        async with http.post(f"{rig.url.removesuffix('/mcp')}/approvals/api/{pending['id']}/deny",
+                             headers={"Authorization": f"Bearer {rig.operator}"}) as response:
+            assert response.status == 200, await response.text()
+        denied = await asyncio.wait_for(asking, 20)
+    assert approved == ["chose yes"] and denied == ["chose no"]
+
+
+async def test_files_are_served_under_the_caller_s_path_rule_and_terminals_refused(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        inside = await rig.said(http, "alice", session, f"read {rig.root / 'work' / 'notes.txt'}")
+        outside = await rig.said(http, "alice", session, f"read {rig.root / 'secret.txt'}")
+        escape = await rig.said(http, "alice", session, f"read {rig.root / 'work' / '..' / 'secret.txt'}")
+        wrote = await rig.said(http, "alice", session, f"write {rig.root / 'work' / 'out.txt'} made by the agent")
+        terminal = await rig.said(http, "alice", session, "terminal")
+    assert inside == ["read hello from the notes\nsecond line\n"]
+    assert outside[0].startswith("error -32602") and escape[0].startswith("error -32602")
+    assert "not for agents" not in outside[0] + escape[0]
+    assert wrote == ["written"] and (rig.root / "work" / "out.txt").read_text() == "made by the agent"
+    assert terminal[0].startswith("error -32601")
+
+
+async def test_a_terminal_runs_only_what_the_policy_allows_once_a_person_confirms_it(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "runner")
+        running = asyncio.ensure_future(rig.said(http, "alice", session, "terminal sh -c echo${IFS}out;exit${IFS}4",
+                                                 "runner"))
+        [pending] = await pending_approvals(rig.root)
+        assert pending["method"] == "runner.terminal/create" and pending["arguments"]["command"] == "sh"
+        code, _, err = await gatewayctl(rig.root, "approve", pending["id"])
+        assert code == 0, err
+        ran = await asyncio.wait_for(running, 20)
+        refused = await rig.said(http, "alice", session, "terminal rm -rf /nothing", "runner")
+    assert ran == ["exit 4 output 'out\\n'"]
+    # Outside the rule: refused before anyone is asked, naming the rule.
+    assert refused[0].startswith("error -32602") and "one_of" in refused[0]
+
+
+async def test_an_agent_that_exits_mid_turn_fails_the_turn_at_once(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "bob")
+        failed = await rig.turn(http, "bob", session, "exit")
+        fresh = await new_session(rig, http, "bob")
+        again = await rig.said(http, "bob", fresh, "echo back")
+    assert failed["error"]["code"] == -32011 and failed["error"]["data"]["exit_status"] == 3
+    # Bob's own agent: its last words are his to see (a shared child's stay in the daemon's log).
+    assert "agent: exiting in the middle of a turn, as told" in failed["error"]["data"]["stderr_tail"]
+    assert again == ["back"]
+
+
+async def test_a_flood_of_updates_still_ends_with_the_turn_s_result(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        said = await rig.said(http, "alice", session, "flood 3000")
+    assert 0 < len(said) <= 3000 and set(said) == {"x"}
+
+
+@asynccontextmanager
+async def mcp_client(rig: Rig, client: str, **callbacks: Any) -> AsyncIterator[Any]:
+    async with httpx2.AsyncClient(headers={"Authorization": bearer(rig.tokens[client])},
+                                  timeout=httpx2.Timeout(10, read=SDK_READ_TIMEOUT)) as http:
+        async with Client(streamable_http_client(rig.url, http_client=http), mode="legacy",
+                          read_timeout_seconds=SDK_READ_TIMEOUT, **callbacks) as sdk:
+            yield sdk
+
+
+async def yes(_context: Any, _params: Any) -> ElicitResult:
+    return ElicitResult(action="accept", content={"approve": True})
+
+
+async def test_an_mcp_client_drives_its_session_s_agent_with_the_prompt_tool(rig: Rig) -> None:
+    async with mcp_client(rig, "alice", elicitation_callback=yes) as sdk:
+        listed = {tool.name for tool in (await sdk.list_tools()).tools}
+        first = await sdk.call_tool("mate__prompt", {"text": "echo hello agent"})
+        session = first.structured_content["sessionId"]
+        counted = await sdk.call_tool("mate__prompt", {"text": "count", "sessionId": session})
+        asked = await sdk.call_tool("mate__prompt", {"text": "permission", "sessionId": session})
+        pid = int((await sdk.call_tool("mate__prompt", {"text": "pid", "sessionId": session})).content[0].text)
+    assert "mate__prompt" in listed
+    assert first.content[0].text == "hello agent" and first.structured_content["stopReason"] == "end_turn"
+    assert counted.content[0].text == "2" and asked.content[0].text == "chose yes"
+    # The MCP session ended with the client: its agent stops.
+    await eventually(lambda: process_gone(pid), what="the ended session's agent exits")
+
+
+async def test_no_agent_outlives_the_daemon(tmp_path: Path) -> None:
+    agent = python_command(str(AGENT)) + '\nprotocol = "acp"\nisolation = "client"\n'
+    tokens = write_config(tmp_path, {"coder": agent},
+                          '[roles.dev]\nallow = ["coder.session/*"]\n', {"alice": ["dev"]})
+    async with Daemon(tmp_path) as running, aiohttp.ClientSession() as http:
+        answer = await rpc(http, running.url, tokens["alice"], "coder.session/new", {"cwd": str(tmp_path),
+                                                                                     "mcpServers": []})
+        session = answer["result"]["sessionId"]
+        turn = await rpc(http, running.url, tokens["alice"], "coder.session/prompt",
+                         {"sessionId": session, "prompt": [{"type": "text", "text": "pid"}]})
+        assert turn["result"]["stopReason"] == "end_turn"
+        pid = int(session.rsplit("-", 1)[1])
+    assert process_gone(pid)
+
+
+async def test_a_client_that_opens_sessions_until_the_limit_is_told_so(rig: Rig) -> None:
+    # `mate` runs an agent per MCP session, at most 4 of one client's at once (max_children_per_client).
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(4):
+            sdk = await stack.enter_async_context(mcp_client(rig, "bob"))
+            assert (await sdk.call_tool("mate__prompt", {"text": "echo here"})).content[0].text == "here"
+        fifth = await stack.enter_async_context(mcp_client(rig, "bob"))
+        with pytest.raises(MCPError) as refused:
+            await fifth.call_tool("mate__prompt", {"text": "echo here"})
+    assert refused.value.error.code == -32014 and "max_children_per_client" in refused.value.error.message
