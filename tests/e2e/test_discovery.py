@@ -17,13 +17,26 @@ from gatewayd.tokens import hash_token, new_token
 from tests.daemon import REPO, Daemon, rpc
 
 
+# Like the shipped roles, and granting nothing of the other shipped servers.
+ROLES = """
+[roles.developer]
+allow = ["calc.*", "clock.*"]
+confirm = ["shell.run"]
+[roles.readonly]
+allow = ["clock.now"]
+[roles.readonly.args."clock.now".timezone]
+regex = "[A-Za-z_+-]{1,32}(/[A-Za-z_+-]{1,32}){0,2}"
+optional = true
+"""
+
+
 @pytest.fixture
 async def two_clients(tmp_path: Path) -> AsyncIterator[tuple[Daemon, dict[str, str]]]:
-    """The shipped config with `laptop` (role developer: calc.*, clock.*, shell.run confirmed) and `kiosk` (role
+    """The shipped servers with `laptop` (role developer: calc.*, clock.*, shell.run confirmed) and `kiosk` (role
     readonly: clock.now with an argument rule)."""
     shutil.copytree(REPO / "tools.d", tmp_path / "tools.d")
     (tmp_path / "policies").mkdir()
-    shutil.copy(REPO / "policies" / "roles.toml", tmp_path / "policies" / "roles.toml")
+    (tmp_path / "policies" / "roles.toml").write_text(ROLES)
     tokens = {"laptop": new_token(), "kiosk": new_token()}
     for client, role in (("laptop", "developer"), ("kiosk", "readonly")):
         set_client_token(tmp_path / "policies" / "clients.toml", client, hash_token(tokens[client]), [role])
