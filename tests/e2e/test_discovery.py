@@ -16,7 +16,6 @@ from gatewayd.errors import CONFIRMATION_DENIED, TOOL_ERROR
 from gatewayd.tokens import hash_token, new_token
 from tests.daemon import REPO, Daemon, rpc
 
-
 # Like the shipped roles, and granting nothing of the other shipped servers.
 ROLES = """
 [roles.developer]
