@@ -18,6 +18,7 @@ from typing import Any
 
 from gatewayd import __version__, errors, policy
 from gatewayd.policy import Decision, Principal
+from gatewayd.upstream.acp import direct_methods as acp_direct_methods
 from gatewayd.upstream.api import ToolDef, Upstream
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ async def document(principal: Principal | None, servers: Mapping[str, Upstream])
     if principal is not None:
         visible = sorted((s for s in servers.values() if policy.may_see_server(principal, s.name)),
                          key=lambda server: server.name)
-        listed = await asyncio.gather(*(server.tools() for server in visible), return_exceptions=True)
+        listed = await asyncio.gather(*(_offered(server) for server in visible), return_exceptions=True)
         for server, tools in zip(visible, listed, strict=True):
             if isinstance(tools, BaseException):
                 logger.warning("server=%s left out of %s: %s", server.name, METHOD, tools)
@@ -60,6 +61,12 @@ async def document(principal: Principal | None, servers: Mapping[str, Upstream])
                  "description": "The methods this client may call, by their canonical server.method names."},
         "methods": methods,
     }
+
+
+async def _offered(server: Upstream) -> list[ToolDef]:
+    """What a direct call can reach: the server's tools, and an ACP agent's session methods (upstream/acp.py)."""
+    tools = await server.tools()
+    return tools + acp_direct_methods() if server.protocol == "acp" else tools
 
 
 def _methods(principal: Principal, server: Upstream, tools: list[ToolDef]) -> list[dict[str, Any]]:

@@ -74,6 +74,15 @@ MAX_TURN_TEXT = 1024 * 1024
 MAX_SESSIONS = 4096
 # A session id longer than this is not one this gateway handed on.
 MAX_SESSION_ID = 256
+# What a direct caller (and rpc.discover) is told of each session method; its params are the agent's own (ACP).
+SESSION_DESCRIPTIONS = {
+    NEW: "Open an agent session: {cwd, mcpServers}; answers {sessionId}, bound to this client.",
+    LOAD: "Load an earlier session of this client: {sessionId, cwd, mcpServers}; its history streams as updates.",
+    PROMPT: "One turn: {sessionId, prompt: [content blocks]}; its session/update notifications stream on an SSE "
+            "answer, then {stopReason}.",
+    SET_MODE: "Set a session's mode: {sessionId, modeId}.",
+    CANCEL: "Stop the session's running turn: {sessionId} (a notification in ACP; answered with null here).",
+}
 
 
 def _unknown_session(session: Any) -> UpstreamError:
@@ -147,6 +156,9 @@ class AcpDialect(Dialect):
     # -- calls -----------------------------------------------------------------------------
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
+        if method == PROMPT_TOOL:
+            # A direct call of the tool answers what `tools/call` does: its CallToolResult.
+            return await self.call_tool(conn, method, params, timeout, how)
         if method not in SESSION_METHODS:
             raise UpstreamError({"code": -32601, "message": f"an ACP agent has no method {method}"})
         if not isinstance(params, dict):
@@ -316,6 +328,11 @@ class AcpDialect(Dialect):
     def _cwd(self, conn: Connection) -> str:
         """Where a session the `prompt` tool opens works: the child's own working directory."""
         return os.path.abspath(conn.cwd) if conn.cwd else os.getcwd()
+
+
+def direct_methods() -> list[ToolDef]:
+    """The session methods a client may call directly, beside the `prompt` tool (rpc.discover lists them)."""
+    return [ToolDef(method, text, {"type": "object"}) for method, text in SESSION_DESCRIPTIONS.items()]
 
 
 def _tool_error(text: str) -> dict[str, Any]:

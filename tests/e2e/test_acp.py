@@ -82,7 +82,8 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
         '[methods."session/prompt"]\ntimeout = "60s"\nactivity_timeout = "1.5s"\n'
     roles = f'''
 [roles.dev]
-allow = ["coder.session/*", "coder.fs/read_text_file", "coder.fs/write_text_file", "mate.*", "pool.session/*",
+allow = ["coder.session/*", "coder.prompt", "coder.fs/read_text_file", "coder.fs/write_text_file", "mate.*",
+         "pool.session/*",
          "runner.session/*"]
 confirm = ["coder.session/request_permission", "mate.session/request_permission", "runner.terminal/create"]
 [roles.dev.args."runner.terminal/create".command]
@@ -281,3 +282,14 @@ async def test_a_client_that_opens_sessions_until_the_limit_is_told_so(rig: Rig)
         with pytest.raises(MCPError) as refused:
             await fifth.call_tool("mate__prompt", {"text": "echo here"})
     assert refused.value.error.code == -32014 and "max_children_per_client" in refused.value.error.message
+
+
+async def test_discovery_lists_an_agent_s_session_methods_and_its_prompt_tool_answers_directly(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        document = (await rig.call(http, "alice", "rpc.discover", None))["result"]
+        direct = await rig.call(http, "alice", "coder.prompt", {"text": "echo direct"})
+    names = {method["name"] for method in document["methods"]}
+    assert {"coder.session/new", "coder.session/prompt", "coder.session/cancel", "coder.prompt"} <= names
+    # What the client may not call is not there: pool's prompt tool is not granted to the dev role.
+    assert "pool.prompt" not in names and "pool.session/new" in names
+    assert direct["result"]["content"][0]["text"] == "direct"
