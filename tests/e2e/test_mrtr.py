@@ -39,6 +39,7 @@ from tests.e2e.test_mcp_sdk import (
     text_of,
 )
 from tests.e2e.test_mcp_sdk_modern import headers, post, request
+from tests.waiting import POLL_INTERVAL
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -65,7 +66,7 @@ confirm = ["calc.add"]
 channels = ["client"]
 timeout = "1s"
 """
-CAPS: Final = {"elicitation": {"form": {}}, "sampling": {}, "roots": {}}
+CAPS: Final[dict[str, Any]] = {"elicitation": {"form": {}}, "sampling": {}, "roots": {}}
 
 
 @dataclass
@@ -123,8 +124,8 @@ async def call(gateway: Gateway, token: str, name: str, arguments: dict[str, Any
 async def test_a_modern_child_serves_both_eras_of_callers(gateway: Gateway, mode: str) -> None:
     steps: list[float] = []
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
-        steps.append(done)
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        steps.append(progress)
 
     async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, mode) as sdk:
         assert sdk.protocol_version == (MODERN_VERSION if mode != "legacy" else LEGACY_VERSION)
@@ -244,8 +245,10 @@ async def test_an_unanswered_question_expires(gateway: Gateway) -> None:
         return not any(view["id"] == pending["id"] for view in json.loads(out))
 
     async with asyncio.timeout(TEST_DEADLINE):
-        while not await expired():
-            await asyncio.sleep(0.2)  # polled with a deadline: the approval's own timer expires it
+        while True:
+            if await expired():
+                break
+            await asyncio.sleep(POLL_INTERVAL)
     answers = {GATE_KEY: {"action": "accept", "content": {"approve": True}}}
     status, late = await call(gateway, gateway.hasty, "calc__add", arguments, inputResponses=answers,
                               requestState=state)
