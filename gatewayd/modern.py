@@ -216,6 +216,19 @@ def answers_of(params: dict[str, Any]) -> dict[str, Any]:
     return answers
 
 
+def check_asks(result: dict[str, Any], envelope: Envelope) -> None:
+    """-32021 naming the capability when a tool server's input-required result asks what the caller did not declare
+    (it was told what the caller declared, dialects.py; the caller could not answer)."""
+    requests = result.get("inputRequests")
+    if not isinstance(requests, dict):
+        return
+    for request in requests.values():
+        method = request.get("method") if isinstance(request, dict) else None
+        capability = ASKS.get(method) if isinstance(method, str) else None
+        if capability is not None and not envelope.declares(capability):
+            raise MissingClientCapability(capability)
+
+
 class Asker:
     """Who a tool server's own requests (sampling, elicitation, roots) during a modern call are put to, and what the
     modern caller brings to a call: the capabilities it declared (a modern child is told them, dialects.py) and, on a

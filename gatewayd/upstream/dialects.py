@@ -150,6 +150,8 @@ class McpDialect(Dialect):
         try:
             result = await conn.call(DISCOVER, {"_meta": self._envelope(RELAYED_CAPABILITIES)},
                                      timeout=min(DISCOVER_TIMEOUT, self.config.startup_timeout))
+        except ToolServerUnavailable:
+            raise  # the child died: no era to fall back to
         except GatewayError as exc:
             logger.debug("server=%s %s: %s; legacy era", tag, DISCOVER, exc)
             return False

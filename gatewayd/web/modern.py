@@ -261,6 +261,11 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
     if "result" in answer:
         result = answer["result"]
         if isinstance(result, dict) and result.get("resultType") == modern.INPUT_REQUIRED:
+            try:
+                modern.check_asks(result, envelope)
+            except GatewayError as exc:
+                logger.info("client=%s %s: %s", ctx.principal.name, message.method[:64], exc.message)
+                return error_response(message.id, exc)
             result = _sealed(state, ctx, message, result)
         answer["result"] = modern.finish(message.method, result, SERVER_INFO)
     return answer
