@@ -70,10 +70,14 @@ class Catalog:
         prefixed, bare = self._index(servers)
         prefix, sep, method = name.partition(self.separator)
         server = prefixed.get(prefix) if sep and method else None
-        if server is not None:
+        if server is not None and self.separator not in method:
             return server, method
-        # A prefix may hold the separator itself (`my_server` with `_`): the later splits too.
+        # A prefix may hold the separator itself (`my_server` with `_`): the later splits too; of several, the first
+        # that offers the tool (`test` and `test_input` both prefixes, `test_input_x` is the one that has `x`).
         found = self._prefixed(name, prefixed) if sep else []
+        for candidate, own in found if len(found) > 1 else ():
+            if await candidate.has_tool(own):
+                return candidate, own
         if found:
             return found[0]
         for candidate in bare:

@@ -22,8 +22,9 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
-from gatewayd import approvals, display
+from gatewayd import approvals, display, modern, request_state
 from gatewayd.calls import Call, CallContext, request_key
 from gatewayd.config.models import ConfirmOptions
 from gatewayd.errors import (
@@ -31,6 +32,7 @@ from gatewayd.errors import (
     ConfirmationDenied,
     ConfirmationExpired,
     ConfirmationPending,
+    InvalidParams,
     RequestCancelled,
 )
 from gatewayd.jsonrpc import Response
@@ -50,6 +52,8 @@ ELICIT_SCHEMA = {
     }},
     "required": [ELICIT_FIELD],
 }
+# The key of the approval question among an input-required result's requests (MCP 2026-07-28).
+INPUT_KEY = "io.gatewayd/approval"
 # The `_meta` key and value by which a caller asks to be answered at once and to send the call again (above).
 RETRY_KEY = "io.gatewayd/approval"
 RETRY = "retry"
@@ -93,6 +97,11 @@ class ConfirmationGate:
         """
         if _sends_again(call.meta):
             await self._confirm_by_retry(call, options)
+            return
+        asker = call.ctx.asker
+        if isinstance(asker, modern.Asker) and approvals.CLIENT in options.channels \
+                and (asker.envelope.declares("elicitation") or asker.approval() is not None):
+            await self._confirm_by_input(call, options, asker)
             return
         ctx = call.ctx
         channels = frozenset(options.channels)
@@ -140,10 +149,52 @@ class ConfirmationGate:
                 await self.records.approval(call, "approval_used", approval)
                 return
             _raise_unless_approved(approval)
+        approval = await self._park(call, options, key, frozenset(options.channels) - {approvals.CLIENT})
+        if approval is None:
+            return
+        raise self._pending(approval)
+
+    async def _confirm_by_input(self, call: Call, options: ConfirmOptions, asker: modern.Asker) -> None:
+        """A modern caller that can be asked (MCP 2026-07-28): the question goes back as an input-required result
+        whose state names the approval (opened and parked as for a call sent again, `_confirm_by_retry`, so an
+        operator can decide it meanwhile); the retry carrying that state decides it with the caller's answer, and
+        runs the call once it is approved, or raises the denial or expiry. A state whose approval was used already
+        is refused."""
+        key = (call.ctx.principal.name, call.method, call.params_sha256())
+        named = asker.approval()
+        if named is None:
+            approval = await self._park(call, options, key, frozenset(options.channels))
+            if approval is None:
+                return
+            raise self._question(approval)
+        approval = self._parked_for(key)
+        if approval is None or approval.id != named:
+            raise InvalidParams(f"requestState names approval {named}, which was used already or is no longer "
+                                "waiting: send the call without it to be asked again",
+                                {"approval_id": named, "reason": "used"})
+        answer = asker.answer(INPUT_KEY)
+        if approval.state is approvals.State.PENDING and answer is not None:
+            approve, reason = _verdict(answer)
+            self.approvals.decide(approval.id, approve=approve, by=f"the user of client {approval.client} "
+                                  "(input-required result)", channel=approvals.CLIENT, reason=reason)
+        if approval.state is approvals.State.PENDING:
+            # Not answered yet (nor by an operator): the same question again, the same approval.
+            raise self._question(approval)
+        # Used up before anything awaits: of two retries at once, only one may run.
+        self._forget(key)
+        if approval.state is approvals.State.APPROVED:
+            await self.records.approval(call, "approval_used", approval)
+            return
+        _raise_unless_approved(approval)
+
+    async def _park(self, call: Call, options: ConfirmOptions, key: RetryKey,
+                    channels: frozenset[str]) -> approvals.Approval | None:
+        """Open the approval of a call that will come back, parked by the call it belongs to, its decision awaited by
+        a task this gate owns; None when an operator's "allow again" approved it at once."""
         approval = self.approvals.open(
             client=call.ctx.principal.name, method=call.method, arguments=call.arguments,
             params_sha256=key[2], session_id=call.ctx.session.id if call.ctx.session else None,
-            channels=frozenset(options.channels) - {approvals.CLIENT}, timeout=options.timeout,
+            channels=channels, timeout=options.timeout,
         )
         # Parked before anything awaits: the same call sent again meanwhile finds this approval, not a new one.
         self._parked[key] = approval
@@ -158,11 +209,19 @@ class ConfirmationGate:
             self._forget(key)
             self.approvals.approve_standing(approval, standing)
             await self.records.approval(call, "approval_decided", approval)
-            return
+            return None
         settle = asyncio.create_task(self._settle(call, key, approval), name=f"approval {approval.id}")
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
-        raise self._pending(approval)
+        return approval
+
+    def _question(self, approval: approvals.Approval) -> modern.InputRequired:
+        """The approval's question as an input-required result: the elicitation the legacy era sends, its state
+        naming the approval."""
+        request = {"method": "elicitation/create",
+                   "params": {"mode": "form", "message": question(approval), "requestedSchema": ELICIT_SCHEMA}}
+        return modern.InputRequired({INPUT_KEY: request},
+                                    modern.GatewayState(request_state.APPROVAL, {"a": approval.id}))
 
     def _parked_for(self, key: RetryKey) -> approvals.Approval | None:
         """The approval of this call, unless it was decided longer than RETRY_WITHIN ago (then it is forgotten)."""
@@ -245,13 +304,7 @@ class ConfirmationGate:
         assert ctx.emit is not None and ctx.session is not None
         request_id = f"gatewayd-approval-{approval.id}"
         key = request_key(ctx, request_id)
-        # The caller wrote these arguments, and its user is asked to trust them: nothing in them may reorder, hide
-        # or restyle the question (display.py). The call still runs with exactly the arguments it sent.
-        shown = display.shown_json(approval.arguments)
-        if len(shown) > ELICIT_ARGUMENTS_CHARS:
-            shown = shown[:ELICIT_ARGUMENTS_CHARS] + f"… ({len(shown) - ELICIT_ARGUMENTS_CHARS} more characters)"
-        message = (f"{display.shown(approval.client)} wants to run {display.shown(approval.method)} with arguments "
-                   f"{shown}. Allow it to run once? (approval {approval.id})")
+        message = question(approval)
         who = f"the user of client {approval.client} (elicitation)"
 
         def deliver(response: Response) -> None:
@@ -272,6 +325,17 @@ class ConfirmationGate:
         return withdraw_question
 
 
+def question(approval: approvals.Approval) -> str:
+    """What the caller's user is asked, in either era."""
+    # The caller wrote these arguments, and its user is asked to trust them: nothing in them may reorder, hide
+    # or restyle the question (display.py). The call still runs with exactly the arguments it sent.
+    shown = display.shown_json(approval.arguments)
+    if len(shown) > ELICIT_ARGUMENTS_CHARS:
+        shown = shown[:ELICIT_ARGUMENTS_CHARS] + f"… ({len(shown) - ELICIT_ARGUMENTS_CHARS} more characters)"
+    return (f"{display.shown(approval.client)} wants to run {display.shown(approval.method)} with arguments "
+            f"{shown}. Allow it to run once? (approval {approval.id})")
+
+
 def _sends_again(meta: object) -> bool:
     """Whether the caller asked to be answered at once and to send the call again (RETRY_KEY)."""
     return isinstance(meta, dict) and meta.get(RETRY_KEY) == RETRY
@@ -281,7 +345,12 @@ def _elicitation_verdict(response: Response) -> tuple[bool, str | None]:
     """(approve?, reason) from a client's answer to the approval elicitation: only accept + yes approves."""
     if response.error is not None:
         return False, "the client answered the question with an error"
-    result = response.result if isinstance(response.result, dict) else {}
+    return _verdict(response.result)
+
+
+def _verdict(answer: Any) -> tuple[bool, str | None]:
+    """(approve?, reason) from an ElicitResult answering the approval question: only accept + yes approves."""
+    result = answer if isinstance(answer, dict) else {}
     action = result.get("action")
     content = result.get("content")
     if action == "accept" and isinstance(content, dict) and content.get(ELICIT_FIELD) is True:

@@ -34,6 +34,7 @@ from gatewayd.errors import GatewayError, InternalError, InvalidParams, Overload
 from gatewayd.forwarding import forward, send
 from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Notification, Request, Response
+from gatewayd.modern import InputRequired
 from gatewayd.paging import Pager
 from gatewayd.records import Records
 from gatewayd.relay import Relay
@@ -75,6 +76,9 @@ class Gateway:
         """Answer one request: a JSON-RPC response, success or error. Never raises GatewayError."""
         try:
             result = await self._answer(ctx, message)
+        except InputRequired as exc:
+            # A step needs the modern caller's input first (the confirmation gate's question): a result, not an error.
+            return jsonrpc.result_response(message.id, exc.result())
         except GatewayError as exc:
             return jsonrpc.error_response(message.id, exc)
         except Exception:
@@ -172,6 +176,9 @@ class Gateway:
         if isinstance(result, dict) and result.get("isError") is True:
             # A tool's own failure, answered as a result (tools/call): the caller got no error code.
             self.records.outcome(call, UpstreamError.error_type, error_source=UpstreamError.source)
+        elif isinstance(result, dict) and result.get("resultType") == "input_required":
+            # A modern child needs its caller's answers first (dialects.py): the retry is another call.
+            self.records.outcome(call, InputRequired.error_type)
         else:
             self.records.outcome(call, "ok")
         return result

@@ -17,8 +17,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gatewayd import surfaces
-from gatewayd.errors import InvalidParams, MethodNotFound, MissingClientCapability, UnsupportedProtocolVersion
+from gatewayd import request_state, surfaces
+from gatewayd.errors import (
+    GatewayError,
+    InvalidParams,
+    MethodNotFound,
+    MissingClientCapability,
+    UnsupportedProtocolVersion,
+)
 from gatewayd.sessions import LOG_LEVELS
 
 logger = logging.getLogger(__name__)
@@ -59,6 +65,13 @@ ENVELOPE_STRING: Final = 256
 ASKS: Final = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation", "roots/list": "roots"}
 # What a tool server is answered when its request cannot reach a modern caller (as the relay refuses, relay.py).
 NOT_ASKED: Final = -32601
+# The requests that may be answered with an input-required result, and retried with the answers (SEP-2322).
+INPUT_METHODS: Final = frozenset({"tools/call", "prompts/get", "resources/read"})
+INPUT_REQUIRED: Final = "input_required"
+# The capabilities a caller may declare that a server's input requests need, by the requests' methods (ASKS).
+ASKED_CAPABILITIES: Final = frozenset(ASKS.values())
+# Input requests one result may carry, and keys of one retry's answers, at most: more is not a person's question.
+MAX_INPUTS: Final = 32
 
 
 @dataclass(frozen=True)
@@ -155,14 +168,98 @@ def finish(method: str, result: Any, server_info: dict[str, Any]) -> Any:
     return finished
 
 
-class Asker:
-    """Who a tool server's own requests (sampling, elicitation, roots) during a modern call are put to. A request
-    needing a capability the caller did not declare fails the call with -32021 naming it (the server must not rely
-    on it); a declared one would be an input-required result, which the gateway does not return yet: the server is
-    refused, as the relay refuses what it cannot ask."""
+@dataclass(frozen=True)
+class GatewayState:
+    """What the gateway itself asks a modern caller to send back (`requestState` of its own input-required result,
+    sealed by web/modern.py): of what kind (request_state.APPROVAL) and what it says. A Python object, so that no
+    tool server's result can pass for one."""
 
-    def __init__(self, envelope: Envelope) -> None:
+    kind: str
+    data: dict[str, Any]
+
+
+class InputRequired(GatewayError):
+    """Raised by a step of the pipeline that needs the modern caller's input before the call can go on (the
+    confirmation gate's question): answered as an input-required result, not an error (gateway.py)."""
+
+    error_type = "input_required"
+
+    def __init__(self, requests: dict[str, Any], state: GatewayState) -> None:
+        super().__init__("input required")
+        self.requests = requests
+        self.state = state
+
+    def caller_code(self) -> Any:
+        # Not an error: the caller is answered with a result.
+        return None
+
+    def result(self) -> dict[str, Any]:
+        return {"resultType": INPUT_REQUIRED, "inputRequests": self.requests, "requestState": self.state}
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A retry of an input-required result: the caller's answers, and what its `requestState` said (None: it sent
+    none)."""
+
+    answers: dict[str, Any]
+    state: request_state.Opened | None
+
+
+def answers_of(params: dict[str, Any]) -> dict[str, Any]:
+    """A retry's `inputResponses`: an object of at most MAX_INPUTS answers; -32602 otherwise."""
+    answers = params.get("inputResponses", {})
+    if not isinstance(answers, dict):
+        raise InvalidParams("params.inputResponses must be an object, keyed as the inputRequests it answers")
+    if len(answers) > MAX_INPUTS:
+        raise InvalidParams(f"params.inputResponses has more than {MAX_INPUTS} answers", {"limit": MAX_INPUTS})
+    return answers
+
+
+def check_asks(result: dict[str, Any], envelope: Envelope) -> None:
+    """-32021 naming the capability when a tool server's input-required result asks what the caller did not declare
+    (it was told what the caller declared, dialects.py; the caller could not answer)."""
+    requests = result.get("inputRequests")
+    if not isinstance(requests, dict):
+        return
+    for request in requests.values():
+        method = request.get("method") if isinstance(request, dict) else None
+        capability = ASKS.get(method) if isinstance(method, str) else None
+        if capability is not None and not envelope.declares(capability):
+            raise MissingClientCapability(capability)
+
+
+class Asker:
+    """Who a tool server's own requests (sampling, elicitation, roots) during a modern call are put to, and what the
+    modern caller brings to a call: the capabilities it declared (a modern child is told them, dialects.py) and, on a
+    retry, its answers. A legacy child's request needing a capability the caller did not declare fails the call with
+    -32021 naming it (the server must not rely on it); a declared one is refused, as the relay refuses what it
+    cannot ask (turning it into an input-required result is not done yet)."""
+
+    def __init__(self, envelope: Envelope, retry: Retry | None = None) -> None:
         self.envelope = envelope
+        self.retry = retry
+        caps = envelope.capabilities
+        self.capabilities = {kind: caps[kind] for kind in ASKED_CAPABILITIES if isinstance(caps.get(kind), dict)}
+        # What a modern child is sent back: the answers, and its own state when the caller's state carried one.
+        self.resume: dict[str, Any] | None = None
+        if retry is not None and (retry.state is None or retry.state.kind == request_state.CHILD):
+            self.resume = {"inputResponses": retry.answers}
+            child = retry.state.data.get("s") if retry.state is not None else None
+            if isinstance(child, str):
+                self.resume["requestState"] = child
+
+    def approval(self) -> str | None:
+        """The approval a retry's state names (the confirmation gate asked), else None."""
+        state = self.retry.state if self.retry is not None else None
+        if state is None or state.kind != request_state.APPROVAL:
+            return None
+        approval = state.data.get("a")
+        return approval if isinstance(approval, str) else None
+
+    def answer(self, key: str) -> Any:
+        """The caller's answer under `key`, if its retry carries one."""
+        return self.retry.answers.get(key) if self.retry is not None else None
 
     def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
             reply: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:

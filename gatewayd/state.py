@@ -21,6 +21,7 @@ from gatewayd.inflight import Inflight
 from gatewayd.listeners import Listeners
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Principal
+from gatewayd.request_state import Sealer
 from gatewayd.sessions import Sessions
 from gatewayd.settings import Settings
 from gatewayd.upstream.pool import Pool
@@ -54,6 +55,8 @@ class DaemonState:
     big_parses: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     # The `subscriptions/listen` streams of MCP 2026-07-28: they hear what sessions hear.
     listeners: Listeners = field(default_factory=Listeners)
+    # Seals the `requestState` of input-required results with a key made now (request_state.py).
+    request_states: Sealer = field(default_factory=Sealer)
 
     def __post_init__(self) -> None:
         self.sessions.attach(self.listeners)

@@ -84,6 +84,12 @@ class Delivery:
     owner: Caller | None = None
     # Who answers an agent's requests during the call (an ACP server only, agents.py); None: they are refused.
     host: AgentHost | None = None
+    # What the caller can be asked (its client capabilities, MCP 2026-07-28): a modern child is told so, and may answer
+    # with an input-required result (dialects.py). None: nothing.
+    capabilities: dict[str, Any] | None = None
+    # The caller's answers to a modern child's input-required result (`inputResponses`, the child's `requestState`),
+    # sent along with the retried request; None: not a retry.
+    resume: dict[str, Any] | None = None
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).

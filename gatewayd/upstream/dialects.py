@@ -16,15 +16,28 @@ from typing import Any, ClassVar
 
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import ToolFailed, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import GatewayError, ToolFailed, ToolServerUnavailable, UpstreamError
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
 
 logger = logging.getLogger(__name__)
 
-# The MCP version the gateway offers its tool servers; it accepts whatever they answer.
+# The MCP version the gateway offers its tool servers at `initialize` (the legacy era); it accepts whatever they
+# answer.
 UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
+# The stateless era (2026-07-28): a child that answers `server/discover` listing it is spoken to in it, every request
+# carrying the `_meta` envelope; any other answer, error or silence is the legacy era (basic/transports/stdio.mdx).
+MODERN_VERSION = "2026-07-28"
+DISCOVER = "server/discover"
+# How long the era probe waits before falling back to `initialize`: a legacy child answers an unknown method at once,
+# one that ignores it must not hold its start-up long.
+DISCOVER_TIMEOUT = 5.0
+ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"
+ENVELOPE_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+ENVELOPE_CLIENT = "io.modelcontextprotocol/clientInfo"
+# The params a caller's retry of an input-required result carries to a modern child (SEP-2322).
+RESUME_KEYS = frozenset({"inputResponses", "requestState"})
 # A `tools/list` (or resources, templates, prompts list) that pages forever is cut off here.
 MAX_TOOL_PAGES = 100
 # The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
@@ -117,16 +130,70 @@ class Dialect(abc.ABC):
 
 
 class McpDialect(Dialect):
-    """An MCP server over stdio: `initialize`, `tools/list` (paged), every call a `tools/call`."""
+    """An MCP server over stdio, of either era: probed with `server/discover`, a modern child (2026-07-28) gets the
+    `_meta` envelope on every request and its results' `resultType` read (an input-required result goes to the
+    caller, its retry back); a legacy one gets `initialize`. Then `tools/list` (paged), every call a `tools/call`."""
 
     protocol = "mcp"
+
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
+        super().__init__(name, config, owner)
+        # Whether the child speaks the stateless era; decided by each start's handshake.
+        self.modern = False
 
     @property
     def declared(self) -> list[ToolDef] | None:
         return None
 
+    async def _discover(self, conn: Connection, tag: str) -> bool:
+        """Whether the child serves MCP 2026-07-28 per request: its `server/discover` lists that version."""
+        try:
+            result = await conn.call(DISCOVER, {"_meta": self._envelope(RELAYED_CAPABILITIES)},
+                                     timeout=min(DISCOVER_TIMEOUT, self.config.startup_timeout))
+        except ToolServerUnavailable:
+            raise  # the child died: no era to fall back to
+        except GatewayError as exc:
+            logger.debug("server=%s %s: %s; legacy era", tag, DISCOVER, exc)
+            return False
+        versions = result.get("supportedVersions") if isinstance(result, dict) else None
+        return isinstance(versions, list) and MODERN_VERSION in versions
+
+    def _envelope(self, capabilities: dict[str, Any]) -> dict[str, Any]:
+        return {ENVELOPE_VERSION: MODERN_VERSION, ENVELOPE_CAPABILITIES: capabilities,
+                ENVELOPE_CLIENT: {"name": "gatewayd", "version": __version__}}
+
+    def _asks(self, how: Delivery | None) -> dict[str, Any]:
+        """The client capabilities a modern child is told of for one request: what its tools.d `relay` lets it ask,
+        and the caller can answer (an input-required result is the caller's to answer)."""
+        declared = how.capabilities if how is not None and how.capabilities is not None else {}
+        return {kind: value for kind, value in declared.items() if kind in self.config.relay}
+
+    def _params(self, params: dict[str, Any], how: Delivery | None) -> dict[str, Any]:
+        """A request's params to a modern child: the envelope in its `_meta`, and the caller's answers to an
+        input-required result, if this is the retry."""
+        if not self.modern:
+            return params
+        meta = params.get("_meta")
+        params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **self._envelope(self._asks(how))}
+        if how is not None and how.resume:
+            params.update({key: value for key, value in how.resume.items() if key in RESUME_KEYS})
+        return params
+
+    def _result(self, result: Any) -> Any:
+        """A modern child's result as the pipeline takes it: a complete one without `resultType` (the modern era's
+        answers get it back, web/modern.py; legacy callers never had it), an input-required one as it is."""
+        if self.modern and isinstance(result, dict) and result.get("resultType") == "complete":
+            result = {key: value for key, value in result.items() if key != "resultType"}
+        return result
+
     async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
         timeout = self.config.startup_timeout
+        self.modern = await self._discover(conn, tag)
+        if self.modern:
+            tools = await self.list_tools(conn, tag)
+            logger.info("server=%s pid=%d ready: protocol %s (stateless), %d tools", tag, conn.pid, MODERN_VERSION,
+                        len({tool.method for tool in tools}))
+            return tools
         try:
             result = await conn.call(
                 "initialize",
@@ -160,10 +227,10 @@ class McpDialect(Dialect):
         meta = _meta(how, call_id)
         if meta:
             params["_meta"] = meta
-        return await conn.call(
-            "tools/call", params, timeout=timeout, on_event=how.on_event, request_id=call_id, cancel_on_timeout=True,
-            caller=how.caller,
-        )
+        return self._result(await conn.call(
+            "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
+            cancel_on_timeout=True, caller=how.caller,
+        ))
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         # A direct `server.tool` call of an MCP server is its tool call; on this route a tool's failure is an error.
@@ -210,7 +277,8 @@ class McpDialect(Dialect):
         for _ in range(MAX_TOOL_PAGES):
             params = {"cursor": cursor} if cursor is not None else {}
             try:
-                page = await conn.call(method, params, timeout=self.config.startup_timeout)
+                page = self._result(await conn.call(method, self._params(params, None),
+                                                    timeout=self.config.startup_timeout))
             except UpstreamError as exc:
                 # A server without the capability has nothing to list; that is not a failure.
                 logger.info("server=%s %s refused: %s", tag, method, exc.message)
@@ -231,8 +299,8 @@ class McpDialect(Dialect):
             sent["_meta"] = meta
         # The caller goes along: a child may ask it something during any request (a task's questions come during
         # `tasks/result`, related to the task), and the relay decides as for a tool call.
-        return await conn.call(method, sent, timeout=timeout, on_event=how.on_event, request_id=call_id,
-                               cancel_on_timeout=True, caller=how.caller)
+        return self._result(await conn.call(method, self._params(sent, how), timeout=timeout, on_event=how.on_event,
+                                            request_id=call_id, cancel_on_timeout=True, caller=how.caller))
 
 
 class JsonRpcDialect(Dialect):

