@@ -28,6 +28,7 @@ from gatewayd.audit import AuditLog
 from gatewayd.catalog import Catalog, tell_tools_changed
 from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.confirmation import ConfirmationGate
+from gatewayd.continuations import Continuations
 from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
@@ -131,6 +132,8 @@ class Daemon:
             await state.inflight.drain(self.settings.shutdown_grace if grace is None else grace)
             # Approvals whose calls would have been sent again are withdrawn, and recorded so, before the log closes.
             await state.gateway.gate.close()
+            # Calls parked for their callers' answers end, each child told, before the children stop.
+            await state.continuations.close()
             if self._serving:
                 await self._runner.cleanup()
         finally:
@@ -163,7 +166,7 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     gateway = Gateway(catalog, records, ConfirmationGate(registry, records), inflight, owners,
                       Relay(records, settings.relay_timeout), Pager(settings.list_page_size))
     state = DaemonState(settings, Generation.first(snapshot, pool), pool, gateway, sessions, registry, inflight,
-                        audit_log, metrics)
+                        audit_log, metrics, continuations=Continuations(records, settings.relay_timeout))
     return state
 
 

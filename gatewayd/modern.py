@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from gatewayd import request_state, surfaces
 from gatewayd.errors import (
@@ -26,6 +26,9 @@ from gatewayd.errors import (
     UnsupportedProtocolVersion,
 )
 from gatewayd.sessions import LOG_LEVELS
+
+if TYPE_CHECKING:
+    from gatewayd.continuations import Continuation
 
 logger = logging.getLogger(__name__)
 
@@ -233,8 +236,10 @@ class Asker:
     """Who a tool server's own requests (sampling, elicitation, roots) during a modern call are put to, and what the
     modern caller brings to a call: the capabilities it declared (a modern child is told them, dialects.py) and, on a
     retry, its answers. A legacy child's request needing a capability the caller did not declare fails the call with
-    -32021 naming it (the server must not rely on it); a declared one is refused, as the relay refuses what it
-    cannot ask (turning it into an input-required result is not done yet)."""
+    -32021 naming it (the server must not rely on it). A declared one becomes a question of the call's continuation
+    (continuations.py: the caller is answered with an input-required result carrying it, and its retry brings the
+    answer); a call run without one (a method that cannot be answered so) refuses it, as the relay refuses what it
+    cannot ask."""
 
     def __init__(self, envelope: Envelope, retry: Retry | None = None) -> None:
         self.envelope = envelope
@@ -248,6 +253,8 @@ class Asker:
             child = retry.state.data.get("s") if retry.state is not None else None
             if isinstance(child, str):
                 self.resume["requestState"] = child
+        # The continuation the call runs as, when a legacy child's questions can be put to the caller (web/modern.py).
+        self.continuation: Continuation | None = None
 
     def approval(self) -> str | None:
         """The approval a retry's state names (the confirmation gate asked), else None."""
@@ -261,13 +268,26 @@ class Asker:
         """The caller's answer under `key`, if its retry carries one."""
         return self.retry.answers.get(key) if self.retry is not None else None
 
+    def declares(self, kind: str, params: Any) -> bool:
+        """Whether the caller declared it can answer a request of `kind` (elicitation: in the mode asked)."""
+        if not self.envelope.declares(kind):
+            return False
+        if kind != "elicitation":
+            return True
+        mode = params.get("mode", "form") if isinstance(params, dict) else "form"
+        modes = self.envelope.capabilities["elicitation"]
+        # An empty elicitation capability means form mode only (client/elicitation.mdx).
+        return (mode == "form" and not modes) or isinstance(modes.get(mode), dict)
+
     def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
             reply: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
         method = str(message.get("method"))
         capability = ASKS.get(method)
-        if capability is not None and not self.envelope.declares(capability) and call is not None \
-                and not call.done():
-            logger.info("server=%s %s: the modern caller did not declare %s", server, method, capability)
-            call.set_exception(MissingClientCapability(capability))
+        if capability is not None and not self.envelope.declares(capability):
+            if call is not None and not call.done():
+                logger.info("server=%s %s: the modern caller did not declare %s", server, method, capability)
+                call.set_exception(MissingClientCapability(capability))
+        elif self.continuation is not None:
+            return self.continuation.ask(server, allowed, message, self.declares, call, reply)
         return {"jsonrpc": "2.0", "id": message.get("id"),
-                "error": {"code": NOT_ASKED, "message": f"{method}: not relayed to a client of MCP 2026-07-28 yet"}}
+                "error": {"code": NOT_ASKED, "message": f"{method}: not relayed to a client of MCP 2026-07-28 here"}}

@@ -35,8 +35,9 @@ MAX_STATE_CHARS: Final = 64 * 1024
 KEY_BYTES: Final = 32
 # The params keys that are the retry's, not the call's: not part of what a state binds.
 RETRY_KEYS: Final = frozenset({"_meta", "inputResponses", "requestState"})
-# What the state says it is for.
-APPROVAL, CHILD = "approval", "child"
+# What the state says it is for: an approval (confirmation.py), a modern child's own state, a parked call
+# (continuations.py).
+APPROVAL, CHILD, CONTINUATION = "approval", "child", "continuation"
 
 
 def binding(client: str, method: str, params: Any) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gatewayd.approvals import Approvals
 from gatewayd.audit import AuditLog
+from gatewayd.continuations import Continuations
 from gatewayd.deadlines import Deadlines
 from gatewayd.gateway import Gateway
 from gatewayd.generation import Generation
@@ -57,6 +58,8 @@ class DaemonState:
     listeners: Listeners = field(default_factory=Listeners)
     # Seals the `requestState` of input-required results with a key made now (request_state.py).
     request_states: Sealer = field(default_factory=Sealer)
+    # Modern calls kept running between an input-required answer and its retry (continuations.py).
+    continuations: Continuations = field(default_factory=Continuations)
 
     def __post_init__(self) -> None:
         self.sessions.attach(self.listeners)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import logging
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from gatewayd import __version__, jsonrpc, modern, request_state
 from gatewayd.calls import CallContext, Emit
+from gatewayd.continuations import Continuation
 from gatewayd.errors import (
     GatewayError,
     HeaderMismatch,
@@ -102,14 +104,19 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
         if message.method == "tools/call":
             await _check_param_headers(request, state, principal, message)
         retry, message = _retry(state, principal, message)
+        resumed = _resumed(state, principal, retry)
     except GatewayError as exc:
         logger.info("client=%s modern %s refused: %s", principal.name, message.method[:64], exc.message)
         return _error(message.id, exc)
+    if resumed is not None:
+        # A parked call's own context goes on; this request only waits for it (and may cancel it).
+        assert retry is not None
+        resumed.answer(retry.answers)
     ctx = CallContext(principal, state.generation.servers, None, on_disconnect=limits.on_disconnect(request),
                       authority=state.principal, asker=modern.Asker(envelope, retry))
     if sse_ok:
-        return await _answer_sse(request, state, ctx, message, envelope)
-    answer = await _cancellable(state, ctx, message, envelope)
+        return await _answer_sse(request, state, ctx, message, envelope, resumed)
+    answer = await _cancellable(state, ctx, message, envelope, resumed)
     return _answered(answer)
 
 
@@ -196,6 +203,13 @@ def _retry(state: DaemonState, principal: Principal, message: jsonrpc.Request) \
     return modern.Retry(answers, opened), jsonrpc.Request(message.id, message.method, call)
 
 
+def _resumed(state: DaemonState, principal: Principal, retry: modern.Retry | None) -> Continuation | None:
+    """The parked call a retry's state names (taken: a state resumes its call once), else None."""
+    if retry is None or retry.state is None or retry.state.kind != request_state.CONTINUATION:
+        return None
+    return state.continuations.take(retry.state.data.get("c"), principal.name)
+
+
 def _sealed(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, result: dict[str, Any]) -> dict[str, Any]:
     """An input-required result with the gateway's sealed `requestState`, bound to this client and call: the gate's
     own, or wrapping a tool server's (which goes back to that server on the retry, modern.Asker)."""
@@ -223,7 +237,7 @@ def _log_filter(emit: Emit, envelope: modern.Envelope) -> Emit:
 
 
 async def _cancellable(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
-                       envelope: modern.Envelope) -> dict[str, Any]:
+                       envelope: modern.Envelope, resumed: Continuation | None = None) -> dict[str, Any]:
     """Answer the request; the caller closing its connection cancels the call (MCP 2026-07-28: closing the response
     stream is the cancellation). The call records itself as cancelled; the answer goes nowhere."""
     task = asyncio.current_task()
@@ -238,7 +252,7 @@ async def _cancellable(state: DaemonState, ctx: CallContext, message: jsonrpc.Re
     assert ctx.on_disconnect is not None
     forget = ctx.on_disconnect(lost)
     try:
-        return await _dispatch(state, ctx, message, envelope)
+        return await _dispatch(state, ctx, message, envelope, resumed)
     except asyncio.CancelledError:
         if not gone or task.uncancel() > 0:
             raise
@@ -249,7 +263,7 @@ async def _cancellable(state: DaemonState, ctx: CallContext, message: jsonrpc.Re
 
 
 async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
-                    envelope: modern.Envelope) -> dict[str, Any]:
+                    envelope: modern.Envelope, resumed: Continuation | None = None) -> dict[str, Any]:
     """The answer, finished as the modern era carries results."""
     gateway = state.gateway
     if message.method == modern.DISCOVER:
@@ -257,7 +271,7 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
         result: Any = modern.discover_result(modern.modern_capabilities(legacy["capabilities"]),
                                              legacy["instructions"])
         return jsonrpc.result_response(message.id, modern.finish(message.method, result, SERVER_INFO))
-    answer = await gateway.dispatch(ctx, message)
+    answer = await _run(state, ctx, message, resumed)
     if "result" in answer:
         result = answer["result"]
         if isinstance(result, dict) and result.get("resultType") == modern.INPUT_REQUIRED:
@@ -271,14 +285,66 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
     return answer
 
 
+def _askable(ctx: CallContext, message: jsonrpc.Request) -> modern.Asker | None:
+    """The call's asker when its tool server's questions could be put to its caller: a method answerable with an
+    input-required result, from a caller that declared something it can be asked. Any other call runs inline (a
+    plain call pays for no task)."""
+    asker = ctx.asker
+    if isinstance(asker, modern.Asker) and asker.capabilities and message.method in modern.INPUT_METHODS:
+        return asker
+    return None
+
+
+async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
+               resumed: Continuation | None) -> dict[str, Any]:
+    """The call's answer, or an input-required result carrying its tool server's questions (continuations.py): the
+    call then stays parked until the caller's retry (`resumed`) brings the answers."""
+    continuation = resumed
+    if continuation is None:
+        asker = _askable(ctx, message)
+        if asker is None:
+            return await state.gateway.dispatch(ctx, message)
+        # The call outlives this request: its events go where the current request says, its end is the
+        # continuation's (this request's caller going away abandons it, `Continuation.wait`).
+        inner = dataclasses.replace(ctx, on_disconnect=None)
+        continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(inner, message))
+        inner.emit = continuation.emit
+        asker.continuation = continuation
+    continuation.sink = ctx.emit
+    try:
+        outcome = await continuation.wait()
+    finally:
+        continuation.sink = None
+    if isinstance(outcome, dict):
+        return {**outcome, "id": message.id}
+    try:
+        state.continuations.park(continuation)
+    except GatewayError as exc:
+        logger.info("client=%s %s: %s", ctx.principal.name, message.method[:64], exc.message)
+        return error_response(message.id, exc)
+    requests = {question.key: _input_request(question.message) for question in outcome}
+    parked = modern.GatewayState(request_state.CONTINUATION, {"c": continuation.id})
+    return jsonrpc.result_response(message.id, {"resultType": modern.INPUT_REQUIRED, "inputRequests": requests,
+                                                "requestState": parked})
+
+
+def _input_request(message: dict[str, Any]) -> dict[str, Any]:
+    """A child's request as an input request: its method and params, without its `_meta` (the child's own)."""
+    request: dict[str, Any] = {"method": message.get("method")}
+    params = message.get("params")
+    if isinstance(params, dict):
+        request["params"] = {name: value for name, value in params.items() if name != "_meta"}
+    return request
+
+
 async def _answer_sse(request: web.Request, state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
-                      envelope: modern.Envelope) -> web.StreamResponse:
+                      envelope: modern.Envelope, resumed: Continuation | None = None) -> web.StreamResponse:
     """Answer as an event stream once the call has something to say early (progress, logs) or runs long; an answer
     ready before that is plain JSON, so that an error keeps its HTTP status."""
     stream = sse.CallStream(request, {}, state.settings.sse_keepalive, state.deadlines)
     ctx.emit = _log_filter(stream.emit, envelope)
     try:
-        answer = await _cancellable(state, ctx, message, envelope)
+        answer = await _cancellable(state, ctx, message, envelope, resumed)
     except BaseException:
         await stream.abandon()
         raise
