@@ -1,0 +1,102 @@
+"""The continuations registry in memory (gatewayd/continuations.py): how a call's questions end without an answer.
+
+The call is a real coroutine that waits on a future the test controls; the child is the `reply` callback that
+records what it is sent. The HTTP side and the whole path through the daemon are tests/e2e/test_mrtr_relay.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import pytest
+
+from gatewayd import relay
+from gatewayd.continuations import Continuations
+from gatewayd.errors import Overloaded
+
+ASK: Final = {"jsonrpc": "2.0", "id": "ask-1", "method": "sampling/createMessage",
+              "params": {"messages": [], "maxTokens": 5}}
+ALLOWED: Final = ("sampling", "elicitation", "roots")
+
+
+def declares(_kind: str, _params: Any) -> bool:
+    return True
+
+
+class Child:
+    """What the child is sent back."""
+
+    def __init__(self) -> None:
+        self.replies: list[dict[str, Any]] = []
+
+    def reply(self, message: dict[str, Any]) -> bool:
+        self.replies.append(message)
+        return True
+
+
+async def held(release: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+    return await release
+
+
+async def test_a_question_becomes_a_round_and_its_answer_goes_to_the_child_under_its_id() -> None:
+    registry, child = Continuations(timeout=60), Child()
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    assert continuation.ask("s", ALLOWED, ASK, declares, None, child.reply) is None
+    asked = await continuation.wait()
+    assert isinstance(asked, list)
+    [question] = asked
+    registry.park(continuation)
+    assert registry.take(continuation.id, "ada") is continuation
+    continuation.answer({question.key: {"role": "assistant"}})
+    assert child.replies == [{"jsonrpc": "2.0", "id": "ask-1", "result": {"role": "assistant"}}]
+    release.set_result({"result": "done"})
+    assert await continuation.wait() == {"result": "done"}
+
+
+async def test_a_parked_call_is_abandoned_after_the_timeout_and_its_child_told() -> None:
+    registry, child = Continuations(timeout=0.01), Child()
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    continuation.ask("s", ALLOWED, ASK, declares, None, child.reply)
+    await continuation.wait()
+    registry.park(continuation)
+    async with asyncio.timeout(5):
+        await asyncio.gather(continuation.task, return_exceptions=True)
+    assert continuation.task.cancelled()
+    [reply] = child.replies
+    assert reply["id"] == "ask-1" and reply["error"]["code"] == relay.TIMED_OUT
+    with pytest.raises(Exception, match="no longer waits"):
+        registry.take(continuation.id, "ada")
+
+
+async def test_the_per_client_limit_is_crossed_with_a_clear_error_and_others_are_not_held() -> None:
+    registry = Continuations(timeout=60, max_per_client=1)
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    first, second, other = (registry.start(client, held(release)) for client in ("ada", "ada", "bob"))
+    registry.park(first)
+    child = Child()
+    second.ask("s", ALLOWED, ASK, declares, None, child.reply)
+    with pytest.raises(Overloaded) as refused:
+        registry.park(second)
+    assert refused.value.data == {"limit": 1}
+    assert child.replies[0]["error"]["code"] == relay.ENDED
+    registry.park(other)
+    await registry.close()
+    assert all(c.task.done() for c in (first, second, other))
+
+
+async def test_a_call_that_ends_answers_its_open_questions_and_a_refused_kind_is_never_asked() -> None:
+    registry, child = Continuations(timeout=60), Child()
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    refused = continuation.ask("s", ("roots",), ASK, declares, None, child.reply)
+    assert refused is not None and refused["error"]["code"] == relay.REFUSED
+    continuation.ask("s", ALLOWED, ASK, declares, None, child.reply)
+    release.set_result({"result": "early"})
+    async with asyncio.timeout(5):
+        await continuation.task
+    assert await continuation.wait() == {"result": "early"}
+    [reply] = child.replies
+    assert reply["error"]["code"] == relay.ENDED
