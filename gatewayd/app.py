@@ -128,11 +128,13 @@ class Daemon:
                 await self._site.stop()
             await self._admin.stop()
             state.sessions.broadcast_close()
+            # Calls parked for their callers' answers have nobody waiting on them: ended first, each child told.
+            state.continuations.abandon_parked()
             # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
             await state.inflight.drain(self.settings.shutdown_grace if grace is None else grace)
             # Approvals whose calls would have been sent again are withdrawn, and recorded so, before the log closes.
             await state.gateway.gate.close()
-            # Calls parked for their callers' answers end, each child told, before the children stop.
+            # The rest of those calls end, each child told, before the children stop.
             await state.continuations.close()
             if self._serving:
                 await self._runner.cleanup()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gatewayd import relay
-from gatewayd.errors import InvalidParams, Overloaded
+from gatewayd.errors import InvalidParams, Overloaded, RequestCancelled
 from gatewayd.records import Records
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,9 @@ class Continuation:
                 raise
             finally:
                 self._waiter = None
+        if self.task.cancelled():
+            # Abandoned while this request waited on it (the daemon stopping): an answer, not this request's cancel.
+            raise RequestCancelled("the call was abandoned: the gateway is stopping")
         if self.task.done():
             return self.task.result()
         self._asked, self._fresh = self._fresh, []
@@ -254,10 +257,17 @@ class Continuations:
             self.records.relayed(server=server, kind=kind, client=client, session=None, request_id=key,
                                  outcome=outcome, params=params, seconds=seconds)
 
-    async def close(self) -> None:
-        """Abandon every continuation (the daemon stops): each child is told, none waits."""
+    def abandon_parked(self) -> None:
+        """Abandon the parked continuations (the daemon stops): nobody waits on them, so draining the calls in
+        flight must not wait for them."""
         for continuation_id in list(self._parked):
-            self._unpark(continuation_id)
+            continuation = self._unpark(continuation_id)
+            if continuation is not None:
+                continuation.abandon("shutdown", "the gateway is stopping")
+
+    async def close(self) -> None:
+        """Abandon every continuation left (the daemon stops): each child is told, none waits."""
+        self.abandon_parked()
         running = list(self.running)
         for continuation in running:
             continuation.abandon("shutdown", "the gateway is stopping")

@@ -13,7 +13,7 @@ import pytest
 
 from gatewayd import relay
 from gatewayd.continuations import Continuations
-from gatewayd.errors import Overloaded
+from gatewayd.errors import Overloaded, RequestCancelled
 
 ASK: Final = {"jsonrpc": "2.0", "id": "ask-1", "method": "sampling/createMessage",
               "params": {"messages": [], "maxTokens": 5}}
@@ -100,3 +100,13 @@ async def test_a_call_that_ends_answers_its_open_questions_and_a_refused_kind_is
     assert await continuation.wait() == {"result": "early"}
     [reply] = child.replies
     assert reply["error"]["code"] == relay.ENDED
+
+
+async def test_closing_answers_a_waiting_request_with_an_error_not_its_own_cancel() -> None:
+    registry = Continuations(timeout=60)
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    waiting = asyncio.ensure_future(continuation.wait())
+    await registry.close()
+    with pytest.raises(RequestCancelled):
+        await waiting

@@ -313,6 +313,8 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
     continuation.sink = ctx.emit
     try:
         outcome = await continuation.wait()
+    except GatewayError as exc:
+        return error_response(message.id, exc)
     finally:
         continuation.sink = None
     if isinstance(outcome, dict):
