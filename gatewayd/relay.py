@@ -28,6 +28,11 @@ A per-session child (upstream/fleet.py) may also ask outside any call (server-fi
 start-up and after a roots change): `session_caller` puts those to its session's client on the session's
 own stream, under the same rules, ending at the timeout or the session's end.
 
+A 2026-07-28 child has no requests of its own: it answers with an input-required result. `RelayCaller.put` asks
+a legacy caller those questions as relayed requests under the same rules (the dialect retries the child with the
+answers), and `RelayCaller.capabilities` is what such a child is told the caller can be asked. A legacy child's
+questions to a *modern* caller are continuations.py's.
+
 Does not own attribution to a call or writing to the child (peer.py), the capabilities a session
 declared (sessions.py) or the gateway's own approval question (confirmation.py).
 """
@@ -43,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd.calls import CallContext, request_key
+from gatewayd.errors import UpstreamError
 from gatewayd.jsonrpc import Response
 from gatewayd.records import Records
 
@@ -293,3 +299,49 @@ class RelayCaller:
     def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
             reply: Reply) -> dict[str, Any] | None:
         return self.relay.ask(self.ctx, server, allowed, message, call, reply)
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What the caller's session declared it can be asked: a modern (2026-07-28) child is told so."""
+        declared = self.ctx.session.capabilities if self.ctx.session is not None else {}
+        return {kind: value for kind in (SAMPLING, ELICITATION, ROOTS)
+                if isinstance(value := declared.get(kind), dict)}
+
+    async def put(self, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:
+        """A modern child's input requests (an input-required result) put to this legacy caller as relayed requests
+        on the call's stream, with the same rules as a legacy child's; their results by key, its retry's
+        `inputResponses`. One refused, failed or not answered in time fails the call with that error (the child's
+        era has no error answer to give it). Each ends within the relay's timeout, or with the caller."""
+        loop = asyncio.get_running_loop()
+        # The rounds' own call: ended on the way out, so that a question still asked then is settled (cancelled).
+        alive: asyncio.Future[None] = loop.create_future()
+        waits: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        try:
+            for key, request in list(requests.items())[:MAX_RELAYED_PER_CALL]:
+                got: asyncio.Future[dict[str, Any]] = loop.create_future()
+                request = request if isinstance(request, dict) else {}
+                message = {"jsonrpc": "2.0", "id": f"input-{key}", "method": request.get("method"),
+                           "params": request.get("params")}
+                now = self.relay.ask(self.ctx, server, allowed, message, alive, _resolver(got))
+                if now is not None:
+                    _resolver(got)(now)
+                waits[str(key)] = got
+            answers: dict[str, Any] = {}
+            for key, got in waits.items():
+                answer = await got
+                if "result" not in answer:
+                    raise UpstreamError(answer.get("error") or {"code": ENDED, "message": "not answered"})
+                answers[key] = answer["result"]
+            return answers
+        finally:
+            if not alive.done():
+                alive.set_result(None)
+
+
+def _resolver(got: asyncio.Future[dict[str, Any]]) -> Reply:
+    """A `reply` that settles `got` with the first answer."""
+    def reply(message: dict[str, Any]) -> bool:
+        if not got.done():
+            got.set_result(message)
+        return True
+    return reply

@@ -11,12 +11,13 @@ protocols.py picks a server's dialect. Does not own the child's lifecycle, admis
 from __future__ import annotations
 
 import abc
+import asyncio
 import logging
 from typing import Any, ClassVar
 
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import GatewayError, ToolFailed, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import CallTimedOut, GatewayError, ToolFailed, ToolServerUnavailable, UpstreamError
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
@@ -40,6 +41,9 @@ ENVELOPE_CLIENT = "io.modelcontextprotocol/clientInfo"
 RESUME_KEYS = frozenset({"inputResponses", "requestState"})
 # A `tools/list` (or resources, templates, prompts list) that pages forever is cut off here.
 MAX_TOOL_PAGES = 100
+# Rounds of a modern child's input-required results put to a legacy caller in one call: a tool asks a person a
+# few things, not without end.
+MAX_INPUT_ROUNDS = 8
 # The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
 SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/templates/list",
                  "prompts": "prompts/list"}
@@ -227,10 +231,43 @@ class McpDialect(Dialect):
         meta = _meta(how, call_id)
         if meta:
             params["_meta"] = meta
-        return self._result(await conn.call(
+        result = self._result(await conn.call(
             "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
             cancel_on_timeout=True, caller=how.caller,
         ))
+        return await self._answered(conn, params, result, timeout, how)
+
+    async def _answered(self, conn: Connection, params: dict[str, Any], result: Any, timeout: float,
+                        how: Delivery) -> Any:
+        """A modern child's input-required results put to a legacy caller that can be asked on its stream (relay.py
+        `RelayCaller.put`), and retried with the answers until the child answers otherwise (at most
+        MAX_INPUT_ROUNDS rounds, all within the call's timeout); any other result as it is."""
+        put = getattr(how.caller, "put", None)
+        if not self.modern or put is None or how.resume is not None:
+            return result
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        for _ in range(MAX_INPUT_ROUNDS):
+            requests = result.get("inputRequests") if isinstance(result, dict) and \
+                result.get("resultType") == "input_required" else None
+            if not isinstance(requests, dict):
+                break
+            try:
+                async with asyncio.timeout_at(deadline):
+                    answers = await put(self.name, self.config.relay, requests)
+            except TimeoutError:
+                raise CallTimedOut(f"tool server {self.name!r} did not finish within {timeout:g}s",
+                                   {"server": self.name}) from None
+            retry = {**params, "inputResponses": answers}
+            if isinstance(result.get("requestState"), str):
+                retry["requestState"] = result["requestState"]
+            retry["_meta"] = {key: value for key, value in (params.get("_meta") or {}).items()
+                              if key not in (ENVELOPE_VERSION, ENVELOPE_CAPABILITIES, ENVELOPE_CLIENT)}
+            result = self._result(await conn.call(
+                "tools/call", self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
+                on_event=how.on_event, request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller,
+            ))
+        return result
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         # A direct `server.tool` call of an MCP server is its tool call; on this route a tool's failure is an error.

@@ -26,7 +26,7 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import ElicitRequestParams, ElicitResult
+from mcp_types import CreateMessageResult, ElicitRequestParams, ElicitResult, TextContent
 
 from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, python_command, write_config
 from tests.e2e.test_mcp_sdk import (
@@ -253,3 +253,35 @@ async def test_an_unanswered_question_expires(gateway: Gateway) -> None:
     status, late = await call(gateway, gateway.hasty, "calc__add", arguments, inputResponses=answers,
                               requestState=state)
     assert late["error"]["code"] == CONFIRM_EXPIRED
+
+
+# -- a modern child's questions, put to a legacy caller --------------------------------------------
+
+
+async def test_a_modern_childs_questions_reach_a_legacy_caller_on_its_stream(gateway: Gateway) -> None:
+    asked: list[str] = []
+
+    async def elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        if "name" in params.message:
+            return ElicitResult(action="accept", content={"name": "Ada"})
+        return ElicitResult(action="accept", content={"color": "green", "ok": True})
+
+    async def sample(_context: Any, params: Any) -> CreateMessageResult:
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="Paris"),
+                                   model="test-model", stop_reason="endTurn")
+
+    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, "legacy", elicitation_callback=elicit,
+                                                      sampling_callback=sample) as sdk:
+        assert sdk.protocol_version == LEGACY_VERSION
+        assert text_of(await sdk.call_tool("modern__elicitation", {})) == "Hello, Ada!"
+        assert text_of(await sdk.call_tool("modern__multi_round", {})) == "Your favorite color is green"
+        assert text_of(await sdk.call_tool("modern__sampling", {})) == "The model said: Paris"
+    assert asked == ["What is your name?", "Step 1: What is your name?", "Step 2: What is your favorite color?"]
+
+
+async def test_a_legacy_caller_that_cannot_be_asked_gets_an_error_not_a_question(gateway: Gateway) -> None:
+    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, "legacy") as sdk:
+        with pytest.raises(MCPError) as refused:
+            await sdk.call_tool("modern__sampling", {})
+    assert "did not declare sampling" in str(refused.value)
