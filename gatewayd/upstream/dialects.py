@@ -242,8 +242,10 @@ class McpDialect(Dialect):
         """A modern child's input-required results put to a legacy caller that can be asked on its stream (relay.py
         `RelayCaller.put`), and retried with the answers until the child answers otherwise (at most
         MAX_INPUT_ROUNDS rounds, all within the call's timeout); any other result as it is."""
+        if not self.modern:
+            return result  # a legacy child asks its own questions (on_request): nothing more to do
         put = getattr(how.caller, "put", None)
-        if not self.modern or put is None or how.resume is not None:
+        if put is None or how.resume is not None:
             return result
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
