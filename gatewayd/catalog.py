@@ -34,6 +34,8 @@ MAX_TOOL_NAME_CHARS = 128
 MAX_PROMPT_CHARS = 256
 # The longest tools.d `prefix` (config/models.py), which a prompt name as clients see it may carry.
 MAX_PREFIX_CHARS = 64
+# Replaced tool lists are not announced to the catalog: their indexes are dropped all at once past this many.
+MAX_INDEXED_LISTS = 1024
 CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "
 CONFIRM_META = "io.gatewayd/requiresConfirmation"
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
@@ -52,6 +54,8 @@ class Catalog:
         self._tool_name = re.compile(rf"[{self._alphabet}]{{1,{max_tool_chars}}}")
         # The last server table indexed by prefix (a generation's table stays the same object while it is current).
         self._indexed: tuple[Mapping[str, Upstream], dict[str, Upstream], list[Upstream]] | None = None
+        # Tool lists by method, keyed by the list's id (`input_schema`).
+        self._tool_indexes: dict[int, tuple[list[ToolDef], dict[str, ToolDef]]] = {}
 
     def tool_name(self, prefix: str, method: str) -> str | None:
         """The MCP tool name of `method` of a server exposed under `prefix` ("": the method's own name), or None
@@ -102,6 +106,20 @@ class Catalog:
             self._indexed = (servers, prefixed, bare)
         return self._indexed[1], self._indexed[2]
 
+    def _by_method(self, tools: list[ToolDef]) -> dict[str, ToolDef]:
+        """`tools` by method, the first of a name as the listing has it; made once per list (a server's list stays
+        the same object until it changes)."""
+        entry = self._tool_indexes.get(id(tools))
+        if entry is None or entry[0] is not tools:
+            if len(self._tool_indexes) >= MAX_INDEXED_LISTS:
+                self._tool_indexes.clear()
+            index: dict[str, ToolDef] = {}
+            for tool in tools:
+                index.setdefault(tool.method, tool)
+            # The list is kept with its index, so its id cannot be reused by another list meanwhile.
+            entry = self._tool_indexes[id(tools)] = (tools, index)
+        return entry[1]
+
     def prompt_name(self, prefix: str, prompt: str) -> str | None:
         """The name clients see for a prompt of a server exposed under `prefix` ("": the prompt's own name), or None
         for an empty or overlong prompt name."""
@@ -120,6 +138,21 @@ class Catalog:
         if len(name) <= MAX_PROMPT_CHARS:
             found += [(server, name) for server in bare]
         return found
+
+    async def input_schema(self, name: str, principal: Principal, servers: Mapping[str, Upstream]) -> Any:
+        """The `inputSchema` `tools/list` shows this principal for tool `name` (None: a tool it does not see), found
+        as a call to it is routed (find_tool) instead of by listing every tool: on every modern `tools/call`."""
+        try:
+            found = await self.find_tool(name, principal, servers)
+            if found is None:
+                return None
+            server, method = found
+            tool = self._by_method(await server.tools()).get(method)
+        except Exception:  # as list_tools leaves out a server that cannot list: the call itself will say why
+            return None
+        if tool is None or _listing(principal, server, tool) is Decision.DENY:
+            return None
+        return tool.raw.get("inputSchema") if tool.raw is not None else tool.input_schema
 
     async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> dict[str, Any]:
         """Every tool the principal may call, across servers, in a deterministic order."""
