@@ -11,6 +11,9 @@ loopback only, with its goal judged at the end:
   100 (admin socket round trip), a new file callable after it is saved (the daemon watches its config), and direct
   calls/s at 8 in flight against a daemon with the echo server alone, in alternating pairs. Goals: p50 ≤ 5 ms,
   reload ≤ 100 ms, save → callable ≤ 0.5 s, per-call figures unchanged beyond the noise.
+- `children`: a child per MCP session (`isolation = "session"`), 100 sessions: each session's first call (which
+  spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
+  the figures are for sizing.
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
   the daemon's peak RSS growth; a result over the child line limit (16 MiB) refused and the next call answered.
   Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload.
@@ -41,6 +44,7 @@ from bench.procs import (
     ServerProcess,
     bench_env,
     daemon_argv,
+    descendants,
     install_copy,
     status_kib,
     write_config,
@@ -49,7 +53,7 @@ from bench.run import RESULTS_DIR, save
 from gatewayd.admin import AdminClient
 from gatewayd.tokens import hash_token, new_token
 
-TARGETS: Final = ("sessions", "tools", "payload")
+TARGETS: Final = ("sessions", "tools", "children", "payload")
 KIB: Final = 1024
 MB: Final = 1e6
 # sessions
@@ -74,6 +78,8 @@ GOAL_SAVE_TO_CALLABLE_S: Final = 0.5
 # Poll for the saved file's tool at this interval, at most this long (the goal is 0.5 s).
 CALLABLE_POLL_S: Final = 0.01
 CALLABLE_DEADLINE_S: Final = 10.0
+# children
+SESSION_CHILDREN: Final = 100
 # payload
 PAYLOAD_BYTES: Final = 10 * 1024 * 1024
 PAYLOAD_CALLS: Final = 5
@@ -257,6 +263,48 @@ async def tools(root: Path, python: Path) -> dict[str, Any]:
     }
 
 
+# -- a child per session -------------------------------------------------------------------------
+
+
+async def children(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "children"
+    token = write_config(config_dir)
+    (config_dir / "tools.d" / "echo.toml").write_text(ECHO_TOML.replace(
+        'protocol = "jsonrpc"\n', f'protocol = "jsonrpc"\nisolation = "session"\nmax_children = {SESSION_CHILDREN}\n'
+        f'max_children_per_client = {SESSION_CHILDREN}\n'))
+    daemon = _daemon(config_dir, python, f"--max-sessions-per-client={SESSION_CHILDREN + 16}",
+                     f"--max-isolated-children={SESSION_CHILDREN + 16}")
+    url = await daemon.start()
+    try:
+        async with client_session(1) as http:
+            sessions = [SseTarget("sse", http, url, token, daemon.pid) for _ in range(SESSION_CHILDREN)]
+            for session in sessions:
+                await session.open_session()
+            rss_before = _rss_mb(daemon.pid)
+            first, second = [], []
+            for session in sessions:  # one at a time: each first call's spawn is timed alone
+                started = time.perf_counter()
+                await session.call()
+                first.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await session.call()
+                second.append(time.perf_counter() - started)
+            kids = descendants(daemon.pid)
+            children_mb = sum(_rss_mb(pid) for pid in kids)
+            rss_after = _rss_mb(daemon.pid)
+    finally:
+        await daemon.stop()
+    return {
+        "sessions": SESSION_CHILDREN, "children_running": len(kids),
+        "first_call_ms_p50": round(statistics.median(first) * 1000, 1),
+        "second_call_ms_p50": round(statistics.median(second) * 1000, 2),
+        "spawn_cost_ms_p50": round((statistics.median(first) - statistics.median(second)) * 1000, 1),
+        "child_rss_mb_each": round(children_mb / max(len(kids), 1), 1),
+        "daemon_rss_mb": {"before": round(rss_before, 1), "after": round(rss_after, 1),
+                          "per_child": round((rss_after - rss_before) / SESSION_CHILDREN, 3)},
+    }
+
+
 # -- a large result --------------------------------------------------------------------------------
 
 
@@ -337,7 +385,7 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
     }
 
 
-RUNNERS: Final = {"sessions": sessions, "tools": tools, "payload": payload}
+RUNNERS: Final = {"sessions": sessions, "tools": tools, "children": children, "payload": payload}
 
 
 async def run(targets: list[str]) -> dict[str, Any]:
