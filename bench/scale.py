@@ -14,6 +14,9 @@ loopback only, with its goal judged at the end:
 - `children`: a child per MCP session (`isolation = "session"`), 100 sessions: each session's first call (which
   spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
   the figures are for sizing.
+- `streaming`: 100 concurrent MCP `tools/call`s in one session, each streaming 100 progress notifications a second
+  for 10 s (`bench/progsrv.py`, stamped with the wall time they were written), while direct calls run at 4 in flight
+  beside them. Goals: none lost, p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded.
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
   the daemon's peak RSS growth; a result over the child line limit (16 MiB) refused and the next call answered.
   Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload.
@@ -53,7 +56,7 @@ from bench.run import RESULTS_DIR, save
 from gatewayd.admin import AdminClient
 from gatewayd.tokens import hash_token, new_token
 
-TARGETS: Final = ("sessions", "tools", "children", "payload")
+TARGETS: Final = ("sessions", "tools", "children", "streaming", "payload")
 KIB: Final = 1024
 MB: Final = 1e6
 # sessions
@@ -80,6 +83,14 @@ CALLABLE_POLL_S: Final = 0.01
 CALLABLE_DEADLINE_S: Final = 10.0
 # children
 SESSION_CHILDREN: Final = 100
+# streaming
+STREAMS: Final = 100
+STREAM_RATE: Final = 100  # progress notifications a second, each stream
+STREAM_SECONDS: Final = 10.0
+OTHER_CONCURRENCY: Final = 4
+GOAL_NOTIFICATION_P99_MS: Final = 50.0
+GOAL_OTHER_P99_RATIO: Final = 2.0
+PROGSRV: Final = Path(__file__).resolve().parent / "progsrv.py"
 # payload
 PAYLOAD_BYTES: Final = 10 * 1024 * 1024
 PAYLOAD_CALLS: Final = 5
@@ -305,6 +316,71 @@ async def children(root: Path, python: Path) -> dict[str, Any]:
     }
 
 
+# -- streaming calls -------------------------------------------------------------------------------
+
+
+async def _stream(http: aiohttp.ClientSession, url: str, session: SseTarget,
+                  token: int) -> tuple[int, list[float], bool]:
+    """One streaming call: (progress notifications received, their latencies in ms, whether its result came)."""
+    count = int(STREAM_RATE * STREAM_SECONDS)
+    body = wire.compact(wire.request("tools/call", {
+        "name": "prog__stream", "arguments": {"count": count, "interval": 1 / STREAM_RATE},
+        "_meta": {"progressToken": token}}, request_id=token))
+    latencies: list[float] = []
+    done = False
+    async with http.post(url, data=body, headers=session.headers,
+                         timeout=aiohttp.ClientTimeout(total=STREAM_SECONDS * 6)) as response:
+        async for raw in response.content:
+            if not raw.startswith(b"data: "):
+                continue
+            message = json.loads(raw[6:])
+            if message.get("method") == "notifications/progress":
+                latencies.append((time.time() - float(message["params"]["message"])) * 1000)
+            elif message.get("id") == token:
+                done = "result" in message
+    return len(latencies), latencies, done
+
+
+async def streaming(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "streaming"
+    token = write_config(config_dir)
+    (config_dir / "tools.d" / "prog.toml").write_text(
+        f'command = ["python3", "{PROGSRV}"]\nprotocol = "mcp"\ncall_timeout = "{int(STREAM_SECONDS * 6)}s"\n'
+        f'max_in_flight = {STREAMS + OTHER_CONCURRENCY}\nmax_in_flight_per_client = {STREAMS + OTHER_CONCURRENCY}\n')
+    (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["echo.*", "prog.*"]\n')
+    daemon = _daemon(config_dir, python)
+    url = await daemon.start()
+    try:
+        async with client_session(STREAMS + OTHER_CONCURRENCY + 4) as http:
+            direct = JsonTarget("direct", http, url, token, daemon.pid)
+            await direct.call()
+            unloaded = await run_load(direct, OTHER_CONCURRENCY, LOAD_DURATION, LOAD_WARMUP)
+            session = SseTarget("sse", http, url, token, daemon.pid)
+            await session.open_session()
+            streams = asyncio.gather(*(_stream(http, url, session, index + 1) for index in range(STREAMS)))
+            # The other calls run while every stream is going (after a second for all of them to start).
+            loaded = await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
+            results = await streams
+    finally:
+        await daemon.stop()
+    latencies = sorted(ms for _, each, _ in results for ms in each)
+    received = sum(count for count, _, _ in results)
+    expected = STREAMS * int(STREAM_RATE * STREAM_SECONDS)
+    p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("inf")
+    ratio = loaded.p99_ms / unloaded.p99_ms if unloaded.p99_ms else float("inf")
+    return {
+        "streams": STREAMS, "rate_each": STREAM_RATE, "seconds": STREAM_SECONDS,
+        "notifications": {"expected": expected, "received": received, "results": sum(d for _, _, d in results),
+                          "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+                          "p99_ms": round(p99, 1)},
+        "other_calls": {"unloaded_p99_ms": round(unloaded.p99_ms, 2), "loaded_p99_ms": round(loaded.p99_ms, 2),
+                        "ratio": round(ratio, 2), "loaded_calls_per_s": round(loaded.calls_per_s),
+                        "errors": loaded.errors},
+        "goals": {"none_lost": received == expected, "notification_p99_at_most_50ms": p99 <= GOAL_NOTIFICATION_P99_MS,
+                  "other_p99_at_most_2x": ratio <= GOAL_OTHER_P99_RATIO},
+    }
+
+
 # -- a large result --------------------------------------------------------------------------------
 
 
@@ -385,7 +461,8 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
     }
 
 
-RUNNERS: Final = {"sessions": sessions, "tools": tools, "children": children, "payload": payload}
+RUNNERS: Final = {"sessions": sessions, "tools": tools, "children": children, "streaming": streaming,
+                  "payload": payload}
 
 
 async def run(targets: list[str]) -> dict[str, Any]:
