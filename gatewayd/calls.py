@@ -101,6 +101,8 @@ class Call:
     # arguments of the call that created the task, and sends the child's task id).
     sent: Any = None
     _params_sha256: str | None = None
+    # An ordinary call's "allow" decision (its fields), not yet written: its outcome record carries it (records.py).
+    allowed: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.method:

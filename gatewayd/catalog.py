@@ -34,6 +34,10 @@ MAX_TOOL_NAME_CHARS = 128
 MAX_PROMPT_CHARS = 256
 # The longest tools.d `prefix` (config/models.py), which a prompt name as clients see it may carry.
 MAX_PREFIX_CHARS = 64
+# Replaced tool lists are not announced to the catalog: their indexes are dropped all at once past this many.
+MAX_INDEXED_LISTS = 1024
+# Listings remembered (one per principal; a reload makes new principals): all dropped at once past this many.
+MAX_CACHED_LISTINGS = 256
 CONFIRM_NOTE = "[Needs a person's confirmation before it runs.] "
 CONFIRM_META = "io.gatewayd/requiresConfirmation"
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
@@ -52,6 +56,11 @@ class Catalog:
         self._tool_name = re.compile(rf"[{self._alphabet}]{{1,{max_tool_chars}}}")
         # The last server table indexed by prefix (a generation's table stays the same object while it is current).
         self._indexed: tuple[Mapping[str, Upstream], dict[str, Upstream], list[Upstream]] | None = None
+        # The last listing of each principal, with what it was made from (`list_tools`).
+        self._listings: dict[int, tuple[Principal, Mapping[str, Upstream], tuple[int, ...], list[Any],
+                                        list[dict[str, Any]]]] = {}
+        # Tool lists by method, keyed by the list's id (`input_schema`).
+        self._tool_indexes: dict[int, tuple[list[ToolDef], dict[str, ToolDef]]] = {}
 
     def tool_name(self, prefix: str, method: str) -> str | None:
         """The MCP tool name of `method` of a server exposed under `prefix` ("": the method's own name), or None
@@ -106,6 +115,20 @@ class Catalog:
             self._indexed = (servers, prefixed, bare)
         return self._indexed[1], self._indexed[2]
 
+    def _by_method(self, tools: list[ToolDef]) -> dict[str, ToolDef]:
+        """`tools` by method, the first of a name as the listing has it; made once per list (a server's list stays
+        the same object until it changes)."""
+        entry = self._tool_indexes.get(id(tools))
+        if entry is None or entry[0] is not tools:
+            if len(self._tool_indexes) >= MAX_INDEXED_LISTS:
+                self._tool_indexes.clear()
+            index: dict[str, ToolDef] = {}
+            for tool in tools:
+                index.setdefault(tool.method, tool)
+            # The list is kept with its index, so its id cannot be reused by another list meanwhile.
+            entry = self._tool_indexes[id(tools)] = (tools, index)
+        return entry[1]
+
     def prompt_name(self, prefix: str, prompt: str) -> str | None:
         """The name clients see for a prompt of a server exposed under `prefix` ("": the prompt's own name), or None
         for an empty or overlong prompt name."""
@@ -125,10 +148,41 @@ class Catalog:
             found += [(server, name) for server in bare]
         return found
 
+    async def input_schema(self, name: str, principal: Principal, servers: Mapping[str, Upstream]) -> Any:
+        """The `inputSchema` `tools/list` shows this principal for tool `name` (None: a tool it does not see), found
+        as a call to it is routed (find_tool) instead of by listing every tool: on every modern `tools/call`."""
+        try:
+            found = await self.find_tool(name, principal, servers)
+            if found is None:
+                return None
+            server, method = found
+            tool = self._by_method(await server.tools()).get(method)
+        except Exception:  # as list_tools leaves out a server that cannot list: the call itself will say why
+            return None
+        if tool is None or _listing(principal, server, tool) is Decision.DENY:
+            return None
+        return tool.raw.get("inputSchema") if tool.raw is not None else tool.input_schema
+
     async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> dict[str, Any]:
-        """Every tool the principal may call, across servers, in a deterministic order."""
+        """Every tool the principal may call, across servers, in a deterministic order. Made again only when
+        something it depends on changed: the principal (a reload makes new ones), the server table, or a server's
+        tool list (each stays the same object until it changes); 2,000 tools took ~20 ms to describe."""
         visible = [s for s in servers.values() if policy.may_see_server(principal, s.name)]
-        listed = await asyncio.gather(*(self._visible_tools(principal, s) for s in visible), return_exceptions=True)
+        listed = await asyncio.gather(*(s.tools() for s in visible), return_exceptions=True)
+        key = tuple(map(id, listed))
+        cached = self._listings.get(id(principal))
+        if cached is not None and cached[0] is principal and cached[1] is servers and cached[2] == key:
+            return {"tools": list(cached[4])}
+        tools = self._describe_all(principal, visible, listed)
+        if not any(isinstance(result, BaseException) for result in listed):
+            if len(self._listings) >= MAX_CACHED_LISTINGS:
+                self._listings.clear()
+            # The lists themselves are kept with their ids, so an id cannot be reused by another list meanwhile.
+            self._listings[id(principal)] = (principal, servers, key, listed, tools)
+        return {"tools": list(tools)}
+
+    def _describe_all(self, principal: Principal, visible: list[Upstream],
+                      listed: list[list[ToolDef] | BaseException]) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []
         names: set[str] = set()
         for server, result in sorted(zip(visible, listed, strict=True), key=lambda pair: listing_order(pair[0])):
@@ -136,7 +190,10 @@ class Catalog:
                 logger.warning("server=%s left out of tools/list: %s", server.name, result)
                 continue
             for tool in sorted(result, key=lambda t: t.method):
-                described = self._describe(principal, server, tool)
+                decision = _listing(principal, server, tool)
+                if decision is Decision.DENY:
+                    continue
+                described = self._describe(server, tool, decision)
                 if described and described["name"] in names:
                     # Calls go to the first (find_tool): so does the list.
                     logger.warning("server=%s tool %r left out of tools/list: another server's has its name",
@@ -144,14 +201,9 @@ class Catalog:
                 elif described:
                     names.add(described["name"])
                     tools.append(described)
-        return {"tools": tools}
+        return tools
 
-    async def _visible_tools(self, principal: Principal, server: Upstream) -> list[ToolDef]:
-        """The server's tools this principal may call (or call after confirmation)."""
-        tools = await server.tools()
-        return [t for t in tools if _listing(principal, server, t) is not Decision.DENY]
-
-    def _describe(self, principal: Principal, server: Upstream, tool: ToolDef) -> dict[str, Any]:
+    def _describe(self, server: Upstream, tool: ToolDef, decision: Decision) -> dict[str, Any]:
         name = self.tool_name(server.prefix, tool.method)
         if name is None:
             logger.warning("server=%s tool %.200r left out of tools/list: its MCP name is not 1..%d characters of "
@@ -164,7 +216,7 @@ class Catalog:
             described = {"name": name, "inputSchema": tool.input_schema}
             if tool.description:
                 described["description"] = tool.description
-        if _listing(principal, server, tool) is Decision.CONFIRM:
+        if decision is Decision.CONFIRM:
             _mark_confirm(described)
         return described
 

@@ -157,7 +157,8 @@ class Gateway:
         (`confirmed`: a person already approved what this call continues, a task's creation.)"""
         if target is None:
             target = await route(call, self.catalog, self.records)
-        confirm = await authorize(call, target, self.records)
+        # Every way out of the block below records the outcome, or the folded decision (`unfinished`).
+        confirm = await authorize(call, target, self.records, fold=True)
         if confirmed:
             confirm = None
         try:
@@ -172,6 +173,9 @@ class Gateway:
             raise
         except asyncio.CancelledError:
             self.records.outcome(call, "cancelled")
+            raise
+        except BaseException:
+            self.records.unfinished(call)
             raise
         if isinstance(result, dict) and result.get("isError") is True:
             # A tool's own failure, answered as a result (tools/call): the caller got no error code.

@@ -3,8 +3,11 @@ the requests its tool server relayed to the caller.
 
 Owns the shape of a call's records and which of them must be on disk before the call may go on
 (`decided_durably`, `approval`): the others are queued by plain functions, not coroutines, because
-they are on every call's path and nothing waits for the disk. Does not own the log's file and writer
-(audit.py) or the metrics' rendering (metrics.py).
+they are on every call's path and nothing waits for the disk. An ordinary call that is allowed gets
+one record, not two: its decision (`allowed`) is folded into its outcome record, which halves what
+the audit log costs a plain call; the decision is written as its own record after all if anything
+else is recorded about the call first, or if the call ends without an outcome (`unfinished`). Does
+not own the log's file and writer (audit.py) or the metrics' rendering (metrics.py).
 """
 
 from __future__ import annotations
@@ -30,17 +33,32 @@ class Records:
         if decision == "deny":
             self.metrics.observe_denied()
         if self.audit.enabled:
+            self.unfinished(call)
             self.audit.queue(_decision(call, decision, fields))
+
+    def allowed(self, call: Call, rule: str | None) -> None:
+        """An ordinary call is allowed: its outcome record will say so (or `unfinished`, if it gets none)."""
+        if self.audit.enabled:
+            call.allowed = {"decision": "allow", "rule": rule}
+
+    def unfinished(self, call: Call) -> None:
+        """Write a call's folded "allow" decision as its own record: something else is recorded about the call
+        before its outcome, or it ends without one."""
+        if call.allowed is not None:
+            fields, call.allowed = call.allowed, None
+            self.audit.queue(_decision(call, fields.pop("decision"), fields))
 
     async def decided_durably(self, call: Call, decision: str, **fields: Any) -> None:
         """Record a decision that must be on disk before the call runs, or raise AuditUnavailable."""
         if self.audit.enabled:
+            self.unfinished(call)
             await self.audit.record(_decision(call, decision, fields), durable=True)
 
     async def approval(self, call: Call, event: str, approval: approvals.Approval) -> None:
         """Record that a call waits for a person, or what they decided; on disk before the call goes on."""
         if not self.audit.enabled:
             return
+        self.unfinished(call)
         fields: dict[str, Any] = {"approval_id": approval.id, "state": approval.state.value}
         if approval.state is approvals.State.PENDING:
             fields.update(channels=sorted(approval.channels), timeout_s=approval.timeout,
@@ -55,8 +73,11 @@ class Records:
         server, _, method = call.method.partition(".")
         self.metrics.observe_call(server, method, status, seconds)
         if self.audit.enabled:
+            if call.allowed is not None:
+                # The call's decision, folded in: one record for an ordinary call instead of two.
+                fields.update(call.allowed, params_sha256=call.params_sha256(), params=audit.summarize(call.arguments))
+                call.allowed = None
             self.audit.queue(call.record("outcome", status=status, duration_ms=round(seconds * 1000, 3), **fields))
-
 
     def relayed(self, *, server: str, kind: str, client: str, session: str | None, request_id: str | None,
                 outcome: str, params: Any, seconds: float) -> None:

@@ -19,11 +19,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import watchfiles
+from typing import TYPE_CHECKING, Any
 
 from gatewayd import policy, systemd
 from gatewayd.catalog import LIST_CHANGED
@@ -31,6 +30,9 @@ from gatewayd.config.loader import POLICIES_DIR, TOOLS_DIR, ConfigInvalid, Snaps
 from gatewayd.generation import Generation
 from gatewayd.state import DaemonState
 from gatewayd.upstream.pool import PoolDiff
+
+if TYPE_CHECKING:
+    import watchfiles
 
 logger = logging.getLogger(__name__)
 
@@ -250,11 +252,7 @@ class Reloader:
         while not self._stop_watching.is_set():
             targets = self._watch_targets()
             self._next_drift_check = 0.0  # a new watcher's first tick compares the files: nothing slips in between
-            # watchfiles' synchronous generator, stepped in a worker thread: its async twin runs on anyio, whose
-            # socket module imports ssl, which the daemon otherwise never loads (see lean_import).
-            watcher = watchfiles.watch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
-                                       stop_event=self._stop_watching, recursive=False, rust_timeout=WATCH_TICK_MS,
-                                       yield_on_timeout=True, raise_interrupt=False)
+            watcher = await asyncio.to_thread(self._watcher, targets)
             stepping = False
             try:
                 while True:
@@ -324,6 +322,17 @@ class Reloader:
     @property
     def _config_link(self) -> str:
         return os.path.abspath(self.config_dir)
+
+    def _watcher(self, targets: list[str]) -> Generator[set[tuple[watchfiles.Change, str]], None, None]:
+        """watchfiles' synchronous generator, to be stepped in a worker thread: its async twin runs on anyio, whose
+        socket module imports ssl, which the daemon otherwise never loads (see lean_import). Imported here, in the
+        worker thread, not with this module: a daemon that does not watch never loads watchfiles and anyio, and one
+        that does loads them beside its first calls instead of before it listens."""
+        import watchfiles
+
+        return watchfiles.watch(*targets, watch_filter=self._relevant, debounce=MAX_GROUP_MS, step=QUIET_MS,
+                                stop_event=self._stop_watching, recursive=False, rust_timeout=WATCH_TICK_MS,
+                                yield_on_timeout=True, raise_interrupt=False)
 
     def _relevant(self, _change: watchfiles.Change, path: str) -> bool:
         name = os.path.basename(path)

@@ -2,23 +2,21 @@
 
 Owns the settings model and where values come from: command-line flags (highest), then
 `GATEWAYD_*` environment variables, then an optional `gatewayd.toml` in the config directory
-(or the file named by `GATEWAYD_SETTINGS_FILE`), then the defaults below. Does not own tool
-server or policy config (config/).
+(or the file named by `GATEWAYD_SETTINGS_FILE`), then the defaults below. The sources are merged
+here (`_sources`) rather than by pydantic-settings, whose import cost the daemon ~5 MB of idle RSS
+and tens of ms of every start for these few lines (bench/README.md). Does not own tool server or
+policy config (config/).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gatewayd import urls
 from gatewayd.config.models import Duration
@@ -38,10 +36,50 @@ def _settings_file() -> Path:
     return Path(os.environ.get("GATEWAYD_CONFIG_DIR", ".")) / SETTINGS_FILE_NAME
 
 
-class Settings(BaseSettings):
+ENV_PREFIX = "GATEWAYD_"
+
+
+def _from_environment(fields: dict[str, Any]) -> dict[str, Any]:
+    """`GATEWAYD_<NAME>` of each setting, the name in any case; a list setting's value is JSON (`["a", "b"]`), the
+    others are their text, which validation converts."""
+    found: dict[str, Any] = {}
+    for key, value in os.environ.items():
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        field = fields.get(name)
+        if field is None:
+            continue
+        if field.annotation is not None and getattr(field.annotation, "__origin__", None) is list:
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass  # validation says it is no list
+        found[name] = value
+    return found
+
+
+def _from_file() -> dict[str, Any]:
+    """The settings file's values, if it exists."""
+    path = _settings_file()
+    if not path.is_file():
+        return {}
+    with path.open("rb") as file:
+        return tomllib.load(file)
+
+
+class Settings(BaseModel):
     """Everything the daemon reads at start; each field documents itself in `gatewayd --help`."""
 
-    model_config = SettingsConfigDict(env_prefix="GATEWAYD_", extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sources(cls, given: Any) -> Any:
+        """Flags (what the constructor is given), then environment, then the optional TOML file."""
+        if not isinstance(given, dict):
+            return given
+        return {**_from_file(), **_from_environment(cls.model_fields), **given}
 
     host: str = Field("127.0.0.1", description="address to listen on (loopback by default)")
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port to listen on (0 picks a free one)")
@@ -167,19 +205,6 @@ class Settings(BaseSettings):
     relay_timeout: Duration = Field(300.0, gt=0, description="seconds a relayed request waits for the client's answer")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
     shutdown_grace: Duration = Field(10.0, ge=0, description="seconds to drain calls on stop")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags, then environment, then the optional TOML file."""
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=_settings_file())
-        return (init_settings, env_settings, toml)
 
     def audit_file(self) -> Path | None:
         """Where the audit log goes, or None when auditing is off."""

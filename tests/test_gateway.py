@@ -178,19 +178,20 @@ async def test_a_direct_call_forwards_the_authorized_params_and_records_decision
     [(kind, method, sent)] = rig.upstream.received
     assert (kind, method, sent) == ("method", "add", params)
     assert rig.upstream.deliveries[0].client == "dev"
-    decision, outcome = await rig.records()
-    assert (decision["event"], decision["decision"], decision["method"], decision["route"]) == \
-        ("decision", "allow", "s.add", "direct")
-    assert "role 'dev'" in decision["rule"]
-    assert (outcome["event"], outcome["status"], outcome["trace_id"]) == ("outcome", "ok", decision["trace_id"])
+    # An ordinary call gets one record: its outcome, with the decision folded in.
+    [outcome] = await rig.records()
+    assert (outcome["event"], outcome["decision"], outcome["method"], outcome["route"], outcome["status"]) == \
+        ("outcome", "allow", "s.add", "direct", "ok")
+    assert "role 'dev'" in outcome["rule"]
+    assert outcome["params"] == params and len(outcome["params_sha256"]) == 64
 
 
 async def test_tools_call_reaches_the_same_target_by_its_tool_name(rig: Rig) -> None:
     answer = await rig.request("tools/call", {"name": "s__echo", "arguments": {"x": 1}})
     assert answer["result"]["isError"] is False
     assert rig.upstream.received == [("tool", "echo", {"x": 1})]
-    decision, _ = await rig.records()
-    assert (decision["method"], decision["route"]) == ("s.echo", "tools/call")
+    [outcome] = await rig.records()
+    assert (outcome["method"], outcome["route"], outcome["decision"]) == ("s.echo", "tools/call", "allow")
 
 
 @pytest.mark.parametrize("method", ["s.secret", "s.nothing", "nothing.add", "nodot"])
@@ -307,6 +308,8 @@ async def test_a_bug_in_the_upstream_is_an_internal_error_without_details(rig: R
     rig.upstream.call_method = broken  # type: ignore[method-assign]
     answer = await rig.request("s.add", {})
     assert answer["error"] == {"code": -32603, "message": "Internal error"}
+    # No outcome to fold the decision into: it is written on its own, as the call's only record.
+    assert [(r["event"], r["decision"]) for r in await rig.records()] == [("decision", "allow")]
 
 
 async def test_what_reaches_the_server_is_what_was_decided_shown_and_hashed(rig: Rig) -> None:
@@ -335,8 +338,11 @@ async def test_a_permission_removed_while_the_call_waited_for_a_slot_stops_it(ri
     rig.upstream.slot.set()
     answer = await call
     assert answer["error"]["code"] == -32601 and rig.upstream.received == []
-    reasons = [record.get("reason") for record in await rig.records()]
-    assert "a config reload removed the permission before the call ran" in reasons
+    records = await rig.records()
+    # The first decision is written before the second, not folded into the outcome.
+    assert [(r["event"], r.get("decision"), r.get("status")) for r in records] == [
+        ("decision", "allow", None), ("decision", "deny", None), ("outcome", None, "method_not_found")]
+    assert records[1]["reason"] == "a config reload removed the permission before the call ran"
 
 
 async def test_an_approved_call_whose_permission_was_removed_does_not_run(rig: Rig) -> None:

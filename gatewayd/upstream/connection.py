@@ -97,7 +97,7 @@ class Connection:
 
     async def open(self) -> None:
         """Spawn the child in its own process group. Raises ToolServerUnavailable if it cannot start."""
-        await self._process.open(self._peer.lines)
+        await self._process.open(self._peer.lines, self._peer.overlong)
 
     async def wait_exited(self, timeout: float | None) -> bool:
         """Whether the child exits (and its pending calls have failed) within `timeout` seconds (None: ever)."""

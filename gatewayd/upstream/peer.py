@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any
 from gatewayd import jsonrpc
 from gatewayd.deadlines import Deadlines
 from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
-from gatewayd.upstream.process import ChildProcess, ExitInfo, unavailable
+from gatewayd.upstream.process import MAX_LINE_BYTES, ChildProcess, ExitInfo, unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,11 @@ EventSink = Callable[[dict[str, Any]], None]
 RELATED_REQUEST = "io.modelcontextprotocol/related-request-id"
 # Answers a request the child sent: the reply message to write back, or None to send it later (`Peer.reply`).
 RequestHandler = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+# The head of a response whose `jsonrpc` and `id` members come first (as JSON-RPC libraries write them), followed by
+# its `result` or `error`: the top-level object for certain, so the id is the call's (`Peer.overlong`).
+_ANSWER_HEAD = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(\d+)'
+                          rb'|"id"\s*:\s*(\d+)\s*,\s*"jsonrpc"\s*:\s*"2\.0")\s*,\s*"(?:result|error)"\s*:')
 
 
 @dataclass
@@ -396,6 +402,16 @@ class Peer:
         else:
             logger.warning("server=%s pid=%d message with neither method nor id dropped", self.tag,
                            self._process.pid)
+
+    def overlong(self, head: bytes) -> None:
+        """The child wrote a line over the limit (dropped, process.py): if its head says it answers a pending call,
+        that call fails now instead of at its timeout."""
+        match = _ANSWER_HEAD.match(head)
+        pending = self._pending.get(int(match.group(1) or match.group(2))) if match else None
+        if pending is None or pending.future.done():
+            return
+        pending.future.set_exception(unavailable(
+            self.name, f"answered {pending.method} with a line over {MAX_LINE_BYTES} bytes", retryable=False))
 
     def _non_finite(self, line: bytes) -> None:
         """A line with a number JSON cannot carry: if it answers a pending call, that call fails now (it could not

@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 # A child's message may be this large; asyncio's 64 KiB default breaks real tool servers.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# How much of an overlong line is kept, to learn which call it answered (`Lines`): the `"jsonrpc"` and `"id"` members
+# come first in what JSON-RPC libraries write.
+OVERLONG_HEAD_BYTES = 256
 # Grace period for the child to exit on its own after its stdin closes.
 STDIN_CLOSE_GRACE = 2.0
 # Grace period after SIGTERM before the whole process group is killed.
@@ -152,6 +155,7 @@ class ChildProcess:
         self.cwd = cwd
         self._on_activity = on_activity
         self._on_exit = on_exit
+        self._on_overlong: Callable[[bytes], None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._stdin: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -172,11 +176,13 @@ class ChildProcess:
         """Whether the child is running and not being stopped."""
         return self._proc is not None and not self._exited.is_set() and not self._closing
 
-    async def open(self, on_lines: Callable[[list[bytes]], None]) -> None:
-        """Spawn the child in its own process group; its stdout goes to `on_lines`, whole lines as they arrive.
-        Raises ToolServerUnavailable if it cannot start."""
+    async def open(self, on_lines: Callable[[list[bytes]], None],
+                   on_overlong: Callable[[bytes], None] | None = None) -> None:
+        """Spawn the child in its own process group; its stdout goes to `on_lines`, whole lines as they arrive, and
+        the head of a line over MAX_LINE_BYTES to `on_overlong`. Raises ToolServerUnavailable if it cannot start."""
         assert self._proc is None, "a child is opened once"
         loop = asyncio.get_running_loop()
+        self._on_overlong = on_overlong
         self._stdout = Lines(on_lines, self._overlong_line)
         try:
             transport, protocol = await loop.subprocess_exec(
@@ -234,9 +240,12 @@ class ChildProcess:
 
     # -- output and exit -------------------------------------------------------------------
 
-    def _overlong_line(self) -> None:
+    def _overlong_line(self, head: bytes) -> None:
         self._activity()
-        logger.warning("server=%s pid=%d stdout line over %d bytes dropped", self.tag, self.pid, MAX_LINE_BYTES)
+        logger.warning("server=%s pid=%d stdout line over %d bytes dropped: %.100r", self.tag, self.pid,
+                       MAX_LINE_BYTES, head)
+        if self._on_overlong is not None:
+            self._on_overlong(head)
 
     def _activity(self) -> None:
         if self._on_activity is not None:
@@ -313,11 +322,11 @@ class ChildProcess:
 class Lines:
     """The child's stdout cut into lines as it arrives, for `on_lines`: no reader task and no stream buffer sit
     between a child's answer and the call waiting for it (in profiles of the loaded daemon they were a few percent
-    of a call). A line longer than MAX_LINE_BYTES is dropped up to its newline, and `on_overlong` told, where a
-    StreamReader let the rest of it through as garbage lines; memory stays bounded by that limit. A last line
-    without a newline still counts at EOF."""
+    of a call). A line longer than MAX_LINE_BYTES is dropped up to its newline, and `on_overlong` told with its
+    first OVERLONG_HEAD_BYTES, where a StreamReader let the rest of it through as garbage lines; memory stays
+    bounded by that limit. A last line without a newline still counts at EOF."""
 
-    def __init__(self, on_lines: Callable[[list[bytes]], None], on_overlong: Callable[[], None]) -> None:
+    def __init__(self, on_lines: Callable[[list[bytes]], None], on_overlong: Callable[[bytes], None]) -> None:
         self._on_lines = on_lines
         self._on_overlong = on_overlong
         self._partial: list[bytes] = []  # the start of a line still waiting for its newline
@@ -357,7 +366,7 @@ class Lines:
 
     def _keep_whole(self, lines: list[bytes], line: bytes) -> None:
         if len(line) > MAX_LINE_BYTES:
-            self._on_overlong()
+            self._on_overlong(line[:OVERLONG_HEAD_BYTES])
         else:
             lines.append(line)
 
@@ -366,8 +375,9 @@ class Lines:
             return
         self._partial_size += len(chunk)
         if self._partial_size > MAX_LINE_BYTES:
+            head = (self._partial[0] if self._partial else chunk)[:OVERLONG_HEAD_BYTES]
             self._partial, self._partial_size, self._skipping = [], 0, True
-            self._on_overlong()
+            self._on_overlong(head)
         else:
             self._partial.append(chunk)
 

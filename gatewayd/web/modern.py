@@ -159,8 +159,8 @@ async def _check_param_headers(request: web.Request, state: DaemonState, princip
     if not isinstance(name, str):
         return
     arguments = arguments if isinstance(arguments, dict) else {}
-    listed = await state.gateway.catalog.list_tools(principal, state.generation.servers)
-    schema = next((tool.get("inputSchema") for tool in listed["tools"] if tool.get("name") == name), None)
+    # The one tool the call is routed to, not the whole listing: this runs on every modern `tools/call`.
+    schema = await state.gateway.catalog.input_schema(name, principal, state.generation.servers)
     properties = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(properties, dict):
         return

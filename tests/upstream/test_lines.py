@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gatewayd.upstream.process import MAX_LINE_BYTES, Lines
+from gatewayd.upstream.process import MAX_LINE_BYTES, OVERLONG_HEAD_BYTES, Lines
 
 
 class Collector:
@@ -12,14 +12,16 @@ class Collector:
         self.lines: list[bytes] = []
         self.calls = 0
         self.overlong = 0
+        self.heads: list[bytes] = []
         self.splitter = Lines(self.take, self.too_long)
 
     def take(self, lines: list[bytes]) -> None:
         self.calls += 1
         self.lines.extend(lines)
 
-    def too_long(self) -> None:
+    def too_long(self, head: bytes) -> None:
         self.overlong += 1
+        self.heads.append(head)
 
 
 async def test_lines_arrive_whole_whatever_the_chunks() -> None:
@@ -65,7 +67,8 @@ async def test_an_overlong_line_is_dropped_to_its_newline_in_one_chunk_or_many()
     out.splitter.feed(b"tail\nafter\nlast")
     out.splitter.eof()
     assert out.lines == [b"next", b"after", b"last"]
-    assert out.overlong == 2
+    # Each is told with its head (what says which call it answered), whole chunk or first chunk alike.
+    assert out.overlong == 2 and out.heads == [b"x" * OVERLONG_HEAD_BYTES, b"start"]
 
 
 async def test_an_overlong_last_line_is_not_handed_on_at_eof() -> None:
@@ -73,3 +76,18 @@ async def test_an_overlong_last_line_is_not_handed_on_at_eof() -> None:
     out.splitter.feed(b"z" * (MAX_LINE_BYTES + 1))
     out.splitter.eof()
     assert out.lines == [] and out.overlong == 1
+
+
+def test_the_head_of_an_answer_names_its_call_only_when_it_is_the_top_level_object() -> None:
+    from gatewayd.upstream.peer import _ANSWER_HEAD
+
+    def named(head: bytes) -> int | None:
+        match = _ANSWER_HEAD.match(head)
+        return int(match.group(1) or match.group(2)) if match else None
+
+    assert named(b'{"jsonrpc":"2.0","id":17,"result":"xxxx') == 17
+    assert named(b'{ "id": 3, "jsonrpc": "2.0", "error": {"code"') == 3
+    # Anything else could be a nested "id", a notification, or an id the gateway never sends: not guessed.
+    for head in (b'{"result":{"jsonrpc":"2.0","id":5,"result":1', b'{"jsonrpc":"2.0","method":"x","params":{"id":5',
+                 b'{"jsonrpc":"2.0","id":"abc","result":', b'{"jsonrpc":"2.0","id":5}', b"xxxx"):
+        assert named(head) is None, head

@@ -1,4 +1,5 @@
-"""The audit trail of real calls: a record per decision and per outcome, and fail-closed dangerous calls."""
+"""The audit trail of real calls: one record for an ordinary allowed call (its decision folded into its outcome), a
+decision record of its own for a denied, dangerous or confirmed call, and fail-closed dangerous calls."""
 
 from __future__ import annotations
 
@@ -49,17 +50,20 @@ async def test_every_call_leaves_its_records(tmp_path: Path) -> None:
         await post(client, token, call("spy.echo", {"text": "far too long for the rule"}, id=8))
         await post(client, token, call("spy.nosuch", {}, id=9))
         await post(client, token, call("spy.crash", {"code": 1}, id=10))
+        await post(client, token, call("spy.pid", {}, id=11))
         await post(client, token, {"jsonrpc": "2.0", "method": "spy.echo", "params": {"password": "hunter2"}})
         await state.audit.flush()
     records = [json.loads(line) for line in trail.read_text().splitlines()]
     assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
     summary = [(r["event"], r["request_id"], r.get("decision"), r.get("status")) for r in records]
     assert summary == [
-        ("decision", 7, "allow", None), ("outcome", 7, None, "ok"),
+        ("outcome", 7, "allow", "ok"),
         ("decision", 8, "deny", None),
         ("decision", 9, "deny", None),
         ("decision", 10, "confirm", None), ("approval_requested", 10, None, None),
         ("approval_decided", 10, None, None), ("outcome", 10, None, "confirmation_expired"),
+        # A dangerous call's decision is on disk before it runs: a record of its own.
+        ("decision", 11, "allow", None), ("outcome", 11, None, "ok"),
         ("decision", None, "allow", None), ("outcome", None, None, "sent"),
     ]
     first = records[0]
@@ -67,8 +71,11 @@ async def test_every_call_leaves_its_records(tmp_path: Path) -> None:
     assert first["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
     assert first["rule"] == f"role 'r' ({tmp_path / 'policies' / 'roles.toml'}) pattern 'spy.*'"
     assert len(first["params_sha256"]) == 64 and first["params"] == {"text": "hi"}
-    assert records[2]["reason"] == "arguments" and "max_length 10" in records[2]["rule"]
-    assert records[3]["reason"] == "unknown"
+    assert first["status"] == "ok" and first["duration_ms"] >= 0 and "error_code" not in first
+    assert records[1]["reason"] == "arguments" and "max_length 10" in records[1]["rule"]
+    assert records[2]["reason"] == "unknown"
+    dangerous = records[7]
+    assert len(dangerous["params_sha256"]) == 64 and "params" not in records[8]
     assert "hunter2" not in trail.read_text()
 
 

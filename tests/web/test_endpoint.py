@@ -430,3 +430,20 @@ async def test_every_answer_is_sse_when_the_client_accepts_it_and_json_when_it_d
     plain = await stack.post(call(method, params), Accept="application/json", **{"Mcp-Session-Id": session})
     assert plain.content_type == "application/json"
     assert await answer_of(streamed) == await plain.json()
+
+
+async def test_tools_list_follows_a_changed_tool_list_though_listings_are_remembered(stack: Stack) -> None:
+    sessions = {who: await stack.initialize(who) for who in ("full", "calc_only")}
+
+    async def names(who: str) -> set[str]:
+        answer = await answer_of(await stack.post(call("tools/list", {}), who, Accept=SSE,
+                                                  **{"Mcp-Session-Id": sessions[who]}))
+        return {tool["name"] for tool in answer["result"]["tools"]}
+
+    before = await names("full")
+    assert "fault__extra" not in before and await names("full") == before  # the second is the remembered one
+    calc_only = await names("calc_only")
+    await stack.post(call("fault.change_tools", {}))
+    # The child sends list_changed before its reply, so the server has forgotten its old list by now: the next
+    # listing is made again and shows the new tool.
+    assert await names("full") == before | {"fault__extra"} and await names("calc_only") == calc_only

@@ -1,0 +1,495 @@
+"""Scale targets (issue 20): gatewayd with many sessions and clients, many servers and tools, a large result.
+
+Owns three targets, each its own daemon on an installed copy of the working tree, bounded in count and time,
+loopback only, with its goal judged at the end:
+
+- `sessions`: 1,000 open legacy MCP sessions, then 1,000 distinct clients (each its own token) making one
+  stateless MCP 2026-07-28 `tools/call` each. Daemon RSS before and after; direct JSON calls/s at 8 in flight
+  before and after (median of rounds). Goal: RSS ≤ 120 MB, calls/s after within 10% of before.
+- `tools`: 100 tool servers (plain JSON-RPC, 20 declared methods each: 2,000 tools, no child needed to list them).
+  `tools/list` p50 (one page: the list page size is raised for it), `gatewayctl reload` of one changed file among
+  100 (admin socket round trip), a new file callable after it is saved (the daemon watches its config), and direct
+  calls/s at 8 in flight against a daemon with the echo server alone, in alternating pairs. Goals: p50 ≤ 5 ms,
+  reload ≤ 100 ms, save → callable ≤ 0.5 s, per-call figures unchanged beyond the noise.
+- `children`: a child per MCP session (`isolation = "session"`), 100 sessions: each session's first call (which
+  spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
+  the figures are for sizing.
+- `streaming`: 100 concurrent MCP `tools/call`s in one session, each streaming 100 progress notifications a second
+  for 10 s (`bench/progsrv.py`, stamped with the wall time they were written), while direct calls run at 4 in flight
+  beside them. Goals: none lost, p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded.
+- `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
+  the daemon's peak RSS growth; a result over the child line limit (16 MiB) refused and the next call answered.
+  Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload.
+
+Run: `.venv/bin/python -m bench.scale --targets sessions,tools,payload` (~2 min). Prints a table of figures and
+goals; the record goes to `bench/results/scale-<stamp>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+
+from bench import wire
+from bench.driver import JsonTarget, ModernTarget, SseTarget, client_session, run_load
+from bench.procs import (
+    ECHO_TOML,
+    ROLE,
+    ServerProcess,
+    bench_env,
+    daemon_argv,
+    descendants,
+    install_copy,
+    status_kib,
+    write_config,
+)
+from bench.run import RESULTS_DIR, save
+from gatewayd.admin import AdminClient
+from gatewayd.tokens import hash_token, new_token
+
+TARGETS: Final = ("sessions", "tools", "children", "streaming", "payload")
+KIB: Final = 1024
+MB: Final = 1e6
+# sessions
+SESSIONS: Final = 1000
+CLIENTS: Final = 1000
+# Sessions and clients are opened this many at a time (one HTTP connection each).
+OPENING_CONCURRENCY: Final = 16
+LOAD_CONCURRENCY: Final = 8
+LOAD_ROUNDS: Final = 3
+LOAD_DURATION: Final = 2.0
+LOAD_WARMUP: Final = 0.5
+GOAL_SESSIONS_RSS_MB: Final = 120.0
+GOAL_SESSIONS_SLOWDOWN: Final = 0.10
+# tools
+SERVERS: Final = 100
+TOOLS_PER_SERVER: Final = 20
+LISTS: Final = 50
+TOOL_PAIRS: Final = 3
+GOAL_LIST_P50_MS: Final = 5.0
+GOAL_RELOAD_MS: Final = 100.0
+GOAL_SAVE_TO_CALLABLE_S: Final = 0.5
+# Poll for the saved file's tool at this interval, at most this long (the goal is 0.5 s).
+CALLABLE_POLL_S: Final = 0.01
+CALLABLE_DEADLINE_S: Final = 10.0
+# children
+SESSION_CHILDREN: Final = 100
+# streaming
+STREAMS: Final = 100
+STREAM_RATE: Final = 100  # progress notifications a second, each stream
+STREAM_SECONDS: Final = 10.0
+OTHER_CONCURRENCY: Final = 4
+GOAL_NOTIFICATION_P99_MS: Final = 50.0
+GOAL_OTHER_P99_RATIO: Final = 2.0
+PROGSRV: Final = Path(__file__).resolve().parent / "progsrv.py"
+# payload
+PAYLOAD_BYTES: Final = 10 * 1024 * 1024
+PAYLOAD_CALLS: Final = 5
+CHILD_LINE_LIMIT: Final = 16 * 1024 * 1024
+GOAL_PAYLOAD_RATE: Final = 0.5
+GOAL_PAYLOAD_GROWTH: Final = 3.0
+# An answer over the child's line limit is refused "cleanly" when the caller hears of it well before its call's
+# timeout (30 s by default) would have told it.
+OVER_LIMIT_PROMPT_S: Final = 5.0
+BIGSRV: Final = Path(__file__).resolve().parent / "bigsrv.py"
+# One large answer may take a while on a loaded machine.
+LARGE_CALL_TIMEOUT: Final = 60.0
+
+
+def _rss_mb(pid: int, field: str = "VmRSS") -> float:
+    return status_kib(pid, field) * KIB / MB
+
+
+def _daemon(config_dir: Path, python: Path, *extra: str) -> ServerProcess:
+    return ServerProcess("gatewayd", daemon_argv(config_dir, list(extra), python=python), env=bench_env(python=python),
+                         cwd=config_dir)
+
+
+async def _calls_per_s(target: JsonTarget) -> float:
+    rounds = [await run_load(target, LOAD_CONCURRENCY, LOAD_DURATION, LOAD_WARMUP) for _ in range(LOAD_ROUNDS)]
+    if any(r.errors for r in rounds):
+        raise RuntimeError(f"errors under load: {[r.errors for r in rounds]}")
+    return statistics.median(r.calls_per_s for r in rounds)
+
+
+# -- sessions and clients ------------------------------------------------------------------------
+
+
+def _add_clients(config_dir: Path, count: int) -> list[str]:
+    """`count` more clients, each with its own token, in one file (written once: 1,000 edits would take long)."""
+    tokens = [new_token() for _ in range(count)]
+    lines = [f'[clients.scale{index}]\ntoken_sha256 = "{hash_token(token)}"\nroles = ["{ROLE}"]\n'
+             for index, token in enumerate(tokens)]
+    (config_dir / "policies" / "scale-clients.toml").write_text("\n".join(lines))
+    return tokens
+
+
+async def _bounded(jobs: list[Any], limit: int) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(job: Any) -> None:
+        async with gate:
+            await job
+
+    await asyncio.gather(*(one(job) for job in jobs))
+
+
+async def sessions(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "sessions"
+    token = write_config(config_dir)
+    tokens = _add_clients(config_dir, CLIENTS)
+    daemon = _daemon(config_dir, python, f"--max-sessions={SESSIONS + 16}",
+                     f"--max-sessions-per-client={SESSIONS + 16}")
+    url = await daemon.start()
+    try:
+        async with client_session(OPENING_CONCURRENCY) as http:
+            direct = JsonTarget("direct", http, url, token, daemon.pid)
+            await direct.call()
+            rss_before = _rss_mb(daemon.pid)
+            before = await _calls_per_s(direct)
+            opened = [SseTarget("sse", http, url, token, daemon.pid) for _ in range(SESSIONS)]
+            started = time.perf_counter()
+            await _bounded([target.open_session() for target in opened], OPENING_CONCURRENCY)
+            sessions_s = time.perf_counter() - started
+            rss_sessions = _rss_mb(daemon.pid)
+            started = time.perf_counter()
+            await _bounded([ModernTarget("modern", http, url, each, daemon.pid).call() for each in tokens],
+                           OPENING_CONCURRENCY)
+            clients_s = time.perf_counter() - started
+            rss_after = _rss_mb(daemon.pid)
+            after = await _calls_per_s(direct)
+            # Every session still answers: one call on the first and the last.
+            for target in (opened[0], opened[-1]):
+                await target.call()
+    finally:
+        await daemon.stop()
+    return {
+        "sessions": SESSIONS, "clients": CLIENTS, "open_sessions_s": round(sessions_s, 3),
+        "first_calls_of_clients_s": round(clients_s, 3),
+        "rss_mb": {"before": round(rss_before, 1), "with_sessions": round(rss_sessions, 1),
+                   "with_sessions_and_clients": round(rss_after, 1)},
+        "calls_per_s_at_8": {"before": round(before), "after": round(after), "ratio": round(after / before, 3)},
+        "goals": {"rss_at_most_120MB": rss_after <= GOAL_SESSIONS_RSS_MB,
+                  "calls_within_10_percent": after >= (1 - GOAL_SESSIONS_SLOWDOWN) * before},
+    }
+
+
+# -- many servers and tools ----------------------------------------------------------------------
+
+
+def _server_toml(index: int) -> str:
+    methods = "".join(f'\n[methods.m{method:02d}]\ndescription = "method {method} of server {index}"\n'
+                      f'input_schema = {{ type = "object", properties = {{ x = {{ type = "integer" }} }} }}\n'
+                      for method in range(TOOLS_PER_SERVER))
+    # Each server runs the calc child, which answers only `echo` among these: listing needs no child at all.
+    return 'command = ["python3", "-m", "gatewayd.examples.calc"]\nprotocol = "jsonrpc"\n' + methods
+
+
+def _many_servers(config_dir: Path) -> None:
+    for index in range(SERVERS):
+        (config_dir / "tools.d" / f"s{index:03d}.toml").write_text(_server_toml(index))
+    (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["*.*"]\n')
+
+
+async def _list_ms(http: aiohttp.ClientSession, url: str, session: SseTarget) -> tuple[float, int]:
+    body = wire.compact(wire.request("tools/list", {}))
+    started = time.perf_counter()
+    async with http.post(url, data=body, headers=session.headers) as response:
+        raw = await response.read()
+    took = (time.perf_counter() - started) * 1000
+    message = wire.sse_response(raw) if response.content_type == "text/event-stream" else json.loads(raw)
+    result = message["result"]
+    if "nextCursor" in result:
+        raise RuntimeError("tools/list came in pages: raise --list-page-size")
+    return took, len(result["tools"])
+
+
+async def _callable_after_save(http: aiohttp.ClientSession, url: str, token: str, config_dir: Path) -> float:
+    """Save a new server's file; seconds until its method answers (the calc child's `echo`)."""
+    (config_dir / "tools.d" / "fresh.toml").write_text(ECHO_TOML)
+    saved = time.perf_counter()
+    body = wire.compact(wire.request("fresh.echo", wire.ECHO_PARAMS))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": wire.ACCEPT_JSON}
+    while time.perf_counter() - saved < CALLABLE_DEADLINE_S:
+        async with http.post(url, data=body, headers=headers) as response:
+            answer = json.loads(await response.read())
+        if answer.get("result") == wire.ECHO_PARAMS:
+            return time.perf_counter() - saved
+        await asyncio.sleep(CALLABLE_POLL_S)  # polling the daemon for the new file's tool, bounded above
+    raise RuntimeError(f"the saved file was not callable within {CALLABLE_DEADLINE_S:g} s")
+
+
+async def tools(root: Path, python: Path) -> dict[str, Any]:
+    small_dir, large_dir = root / "one-server", root / "many-servers"
+    small_token = write_config(small_dir)
+    token = write_config(large_dir)
+    _many_servers(large_dir)
+    large = _daemon(large_dir, python, f"--list-page-size={SERVERS * TOOLS_PER_SERVER + 100}")
+    small = _daemon(small_dir, python)
+    large_url, small_url = await large.start(), await small.start()
+    try:
+        async with client_session(LOAD_CONCURRENCY) as http:
+            session = SseTarget("sse", http, large_url, token, large.pid)
+            await session.open_session()
+            listed = [await _list_ms(http, large_url, session) for _ in range(LISTS)]
+            counts = {count for _, count in listed}
+            list_ms = sorted(ms for ms, _ in listed)
+            # One changed file among 100, applied through the admin socket (as `gatewayctl reload` does).
+            (large_dir / "tools.d" / "s000.toml").write_text(_server_toml(0).replace("method 0 ", "method zero "))
+            admin = AdminClient(large_dir / "gatewayd.sock")
+            started = time.perf_counter()
+            status, result = await admin.call("POST", "/reload")
+            reload_ms = (time.perf_counter() - started) * 1000
+            if status != 200:
+                raise RuntimeError(f"reload failed: {result}")
+            callable_s = await _callable_after_save(http, large_url, token, large_dir)
+            pairs = []
+            for pair in range(TOOL_PAIRS):
+                order = [("one", small_url, small_token, small.pid), ("many", large_url, token, large.pid)]
+                figures: dict[str, float] = {}
+                for name, url, each, pid in order if pair % 2 == 0 else order[::-1]:
+                    figures[name] = await _calls_per_s(JsonTarget(name, http, url, each, pid))
+                pairs.append(figures)
+    finally:
+        await large.stop()
+        await small.stop()
+    ratio = statistics.median(p["many"] / p["one"] for p in pairs)
+    p50 = statistics.median(list_ms)
+    return {
+        "servers": SERVERS, "tools": SERVERS * TOOLS_PER_SERVER, "listed": sorted(counts),
+        "tools_list_ms": {"p50": round(p50, 2), "max": round(list_ms[-1], 2), "n": LISTS},
+        "reload_one_of_100_ms": round(reload_ms, 1), "save_to_callable_s": round(callable_s, 3),
+        "calls_per_s_at_8": {"pairs": pairs, "many_over_one_median": round(ratio, 3)},
+        "goals": {"list_p50_at_most_5ms": p50 <= GOAL_LIST_P50_MS, "reload_at_most_100ms": reload_ms <= GOAL_RELOAD_MS,
+                  "save_to_callable_at_most_0.5s": callable_s <= GOAL_SAVE_TO_CALLABLE_S},
+    }
+
+
+# -- a child per session -------------------------------------------------------------------------
+
+
+async def children(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "children"
+    token = write_config(config_dir)
+    (config_dir / "tools.d" / "echo.toml").write_text(ECHO_TOML.replace(
+        'protocol = "jsonrpc"\n', f'protocol = "jsonrpc"\nisolation = "session"\nmax_children = {SESSION_CHILDREN}\n'
+        f'max_children_per_client = {SESSION_CHILDREN}\n'))
+    daemon = _daemon(config_dir, python, f"--max-sessions-per-client={SESSION_CHILDREN + 16}",
+                     f"--max-isolated-children={SESSION_CHILDREN + 16}")
+    url = await daemon.start()
+    try:
+        async with client_session(1) as http:
+            sessions = [SseTarget("sse", http, url, token, daemon.pid) for _ in range(SESSION_CHILDREN)]
+            for session in sessions:
+                await session.open_session()
+            rss_before = _rss_mb(daemon.pid)
+            first, second = [], []
+            for session in sessions:  # one at a time: each first call's spawn is timed alone
+                started = time.perf_counter()
+                await session.call()
+                first.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                await session.call()
+                second.append(time.perf_counter() - started)
+            kids = descendants(daemon.pid)
+            children_mb = sum(_rss_mb(pid) for pid in kids)
+            rss_after = _rss_mb(daemon.pid)
+    finally:
+        await daemon.stop()
+    return {
+        "sessions": SESSION_CHILDREN, "children_running": len(kids),
+        "first_call_ms_p50": round(statistics.median(first) * 1000, 1),
+        "second_call_ms_p50": round(statistics.median(second) * 1000, 2),
+        "spawn_cost_ms_p50": round((statistics.median(first) - statistics.median(second)) * 1000, 1),
+        "child_rss_mb_each": round(children_mb / max(len(kids), 1), 1),
+        "daemon_rss_mb": {"before": round(rss_before, 1), "after": round(rss_after, 1),
+                          "per_child": round((rss_after - rss_before) / SESSION_CHILDREN, 3)},
+    }
+
+
+# -- streaming calls -------------------------------------------------------------------------------
+
+
+async def _stream(http: aiohttp.ClientSession, url: str, session: SseTarget,
+                  token: int) -> tuple[int, list[float], bool]:
+    """One streaming call: (progress notifications received, their latencies in ms, whether its result came)."""
+    count = int(STREAM_RATE * STREAM_SECONDS)
+    body = wire.compact(wire.request("tools/call", {
+        "name": "prog__stream", "arguments": {"count": count, "interval": 1 / STREAM_RATE},
+        "_meta": {"progressToken": token}}, request_id=token))
+    latencies: list[float] = []
+    done = False
+    async with http.post(url, data=body, headers=session.headers,
+                         timeout=aiohttp.ClientTimeout(total=STREAM_SECONDS * 6)) as response:
+        async for raw in response.content:
+            if not raw.startswith(b"data: "):
+                continue
+            message = json.loads(raw[6:])
+            if message.get("method") == "notifications/progress":
+                latencies.append((time.time() - float(message["params"]["message"])) * 1000)
+            elif message.get("id") == token:
+                done = "result" in message
+    return len(latencies), latencies, done
+
+
+async def streaming(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "streaming"
+    token = write_config(config_dir)
+    (config_dir / "tools.d" / "prog.toml").write_text(
+        f'command = ["python3", "{PROGSRV}"]\nprotocol = "mcp"\ncall_timeout = "{int(STREAM_SECONDS * 6)}s"\n'
+        f'max_in_flight = {STREAMS + OTHER_CONCURRENCY}\nmax_in_flight_per_client = {STREAMS + OTHER_CONCURRENCY}\n')
+    (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["echo.*", "prog.*"]\n')
+    daemon = _daemon(config_dir, python)
+    url = await daemon.start()
+    try:
+        async with client_session(STREAMS + OTHER_CONCURRENCY + 4) as http:
+            direct = JsonTarget("direct", http, url, token, daemon.pid)
+            await direct.call()
+            unloaded = await run_load(direct, OTHER_CONCURRENCY, LOAD_DURATION, LOAD_WARMUP)
+            session = SseTarget("sse", http, url, token, daemon.pid)
+            await session.open_session()
+            streams = asyncio.gather(*(_stream(http, url, session, index + 1) for index in range(STREAMS)))
+            # The other calls run while every stream is going (after a second for all of them to start).
+            loaded = await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
+            results = await streams
+    finally:
+        await daemon.stop()
+    latencies = sorted(ms for _, each, _ in results for ms in each)
+    received = sum(count for count, _, _ in results)
+    expected = STREAMS * int(STREAM_RATE * STREAM_SECONDS)
+    p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("inf")
+    ratio = loaded.p99_ms / unloaded.p99_ms if unloaded.p99_ms else float("inf")
+    return {
+        "streams": STREAMS, "rate_each": STREAM_RATE, "seconds": STREAM_SECONDS,
+        "notifications": {"expected": expected, "received": received, "results": sum(d for _, _, d in results),
+                          "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
+                          "p99_ms": round(p99, 1)},
+        "other_calls": {"unloaded_p99_ms": round(unloaded.p99_ms, 2), "loaded_p99_ms": round(loaded.p99_ms, 2),
+                        "ratio": round(ratio, 2), "loaded_calls_per_s": round(loaded.calls_per_s),
+                        "errors": loaded.errors},
+        "goals": {"none_lost": received == expected, "notification_p99_at_most_50ms": p99 <= GOAL_NOTIFICATION_P99_MS,
+                  "other_p99_at_most_2x": ratio <= GOAL_OTHER_P99_RATIO},
+    }
+
+
+# -- a large result --------------------------------------------------------------------------------
+
+
+async def _child_direct_s(python: Path, size: int) -> float:
+    """Seconds per `blob` of `size` bytes read straight from the child's stdout."""
+    proc = await asyncio.create_subprocess_exec(str(python), str(BIGSRV), stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, limit=CHILD_LINE_LIMIT)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        times = []
+        for call in range(PAYLOAD_CALLS + 1):
+            started = time.perf_counter()
+            proc.stdin.write(wire.compact(wire.request("blob", {"bytes": size}, call + 1)) + b"\n")
+            line = await asyncio.wait_for(proc.stdout.readline(), LARGE_CALL_TIMEOUT)
+            if len(json.loads(line)["result"]["text"]) != size:
+                raise RuntimeError("short answer from the child")
+            if call:  # the first one warms up
+                times.append(time.perf_counter() - started)
+        return statistics.median(times)
+    finally:
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), LARGE_CALL_TIMEOUT)
+
+
+async def _blob(http: aiohttp.ClientSession, url: str, token: str, size: int) -> dict[str, Any]:
+    body = wire.compact(wire.request("big.blob", {"bytes": size}))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": wire.ACCEPT_JSON}
+    async with http.post(url, data=body, headers=headers,
+                         timeout=aiohttp.ClientTimeout(total=LARGE_CALL_TIMEOUT)) as response:
+        answer: dict[str, Any] = json.loads(await response.read())
+        return answer
+
+
+async def payload(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "payload"
+    token = write_config(config_dir)
+    (config_dir / "tools.d" / "big.toml").write_text(
+        f'command = ["python3", "{BIGSRV}"]\nprotocol = "jsonrpc"\n[methods.blob]\n')
+    (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["echo.*", "big.*"]\n')
+    direct_s = await _child_direct_s(python, PAYLOAD_BYTES)
+    daemon = _daemon(config_dir, python)
+    url = await daemon.start()
+    try:
+        async with client_session(1) as http:
+            small = await _blob(http, url, token, 1)  # starts the child
+            if small.get("result") != {"text": "x"}:
+                raise RuntimeError(f"unexpected answer: {small}")
+            idle = _rss_mb(daemon.pid)
+            times = []
+            for _ in range(PAYLOAD_CALLS):
+                started = time.perf_counter()
+                answer = await _blob(http, url, token, PAYLOAD_BYTES)
+                times.append(time.perf_counter() - started)
+                if len(answer["result"]["text"]) != PAYLOAD_BYTES:
+                    raise RuntimeError("short answer through the daemon")
+            peak = _rss_mb(daemon.pid, "VmHWM")
+            started = time.perf_counter()
+            over = await _blob(http, url, token, CHILD_LINE_LIMIT + 1)
+            over_s = time.perf_counter() - started
+            after = await _blob(http, url, token, 1)
+    finally:
+        await daemon.stop()
+    gateway_s = statistics.median(times)
+    growth = peak - idle
+    return {
+        "payload_mib": PAYLOAD_BYTES / KIB / KIB,
+        "child_direct_s": round(direct_s, 4), "through_gatewayd_s": round(gateway_s, 4),
+        "rate_ratio": round(direct_s / gateway_s, 3),
+        "rss_mb": {"idle": round(idle, 1), "peak": round(peak, 1), "growth_over_payload": round(
+            growth * MB / PAYLOAD_BYTES, 2)},
+        "over_line_limit": over.get("error"), "over_line_limit_answered_after_s": round(over_s, 2),
+        "next_call_answered": after.get("result") == {"text": "x"},
+        "goals": {"rate_at_least_half_child_direct": direct_s / gateway_s >= GOAL_PAYLOAD_RATE,
+                  "peak_growth_at_most_3x_payload": growth * MB <= GOAL_PAYLOAD_GROWTH * PAYLOAD_BYTES,
+                  # Cleanly: an error of its own, not the call's timeout, and the next call answered.
+                  "over_limit_refused_cleanly": "error" in over and over_s < OVER_LIMIT_PROMPT_S
+                  and after.get("result") == {"text": "x"}},
+    }
+
+
+RUNNERS: Final = {"sessions": sessions, "tools": tools, "children": children, "streaming": streaming,
+                  "payload": payload}
+
+
+async def run(targets: list[str]) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="gatewayd-scale-") as tmp:
+        root = Path(tmp)
+        python = install_copy(root / "install")
+        for name in targets:
+            print(f"{name} …", file=sys.stderr, flush=True)
+            record[name] = await RUNNERS[name](root, python)
+            print(json.dumps({name: record[name]}, indent=1), flush=True)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", default=",".join(TARGETS), help=f"some of {', '.join(TARGETS)}")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON record goes")
+    args = parser.parse_args(argv)
+    targets = [name for name in args.targets.split(",") if name]
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
+    record = asyncio.run(run(targets))
+    print(f"raw results: {save(record, args.results_dir, prefix='scale-')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
