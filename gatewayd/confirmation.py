@@ -143,12 +143,8 @@ class ConfirmationGate:
         if approval is not None:
             if approval.state is approvals.State.PENDING:
                 raise self._pending(approval)
-            # Used up before anything awaits: of two calls sent again at once, only one may run.
-            self._forget(key)
-            if approval.state is approvals.State.APPROVED:
-                await self.records.approval(call, "approval_used", approval)
-                return
-            _raise_unless_approved(approval)
+            await self._use(call, key, approval)
+            return
         approval = await self._park(call, options, key, frozenset(options.channels) - {approvals.CLIENT})
         if approval is None:
             return
@@ -180,7 +176,11 @@ class ConfirmationGate:
         if approval.state is approvals.State.PENDING:
             # Not answered yet (nor by an operator): the same question again, the same approval.
             raise self._question(approval)
-        # Used up before anything awaits: of two retries at once, only one may run.
+        await self._use(call, key, approval)
+
+    async def _use(self, call: Call, key: RetryKey, approval: approvals.Approval) -> None:
+        """A decided approval a call came back for: used up before anything awaits (of two calls sent again at once,
+        only one may run); return to run the call once if it was approved, else raise the denial or expiry."""
         self._forget(key)
         if approval.state is approvals.State.APPROVED:
             await self.records.approval(call, "approval_used", approval)
