@@ -29,6 +29,12 @@ POLICIES_DIR = "policies"
 # A `command` whose program is this runs on the interpreter the daemon itself runs on (sys.executable), so the
 # shipped examples (`python -m gatewayd.examples.*`) find the very gatewayd that serves them, however installed.
 PYTHON_PLACEHOLDER = "{python}"
+# Interpreters whose first operand is a script file (after options): a missing script is as fatal as a missing program.
+SCRIPT_INTERPRETERS = re.compile(r"(python|pypy)(\d+(\.\d+)?)?|node|nodejs|bash|sh|dash|zsh|ruby|perl")
+# The options after which no script file follows: the code comes from a module, a string or stdin.
+NO_SCRIPT_OPTIONS = frozenset({"-m", "-c", "-e", "--eval", "-p", "--print", "-"})
+# What a script operand ends with: an option's value (`-X importtime`) is not mistaken for one.
+SCRIPT_SUFFIXES = (".py", ".pyz", ".js", ".mjs", ".cjs", ".sh", ".bash", ".rb", ".pl")
 
 # Files not yet on disk, by absolute path, read instead of the disk: what `gatewayctl token new` is about to write.
 Pending = Mapping[Path, bytes]
@@ -197,20 +203,39 @@ def _check_program(path: Path, server: ServerConfig, errors: list[ConfigError]) 
     """A program that cannot be run is a config error, not a call that fails later: found on the PATH the child
     gets (its `env` may set one), or, named with a `/`, a file relative to the directory it starts in."""
     program = server.command[0]
+    where = Path(server.cwd) if server.cwd else Path.cwd()
+    if server.cwd and not where.is_absolute():
+        where = path.parent.parent / where
     if "/" not in program:
         search = server.env.get("PATH", os.environ.get("PATH", os.defpath))
         if shutil.which(program, path=search) is None:
             errors.append(ConfigError(str(path.absolute()), "command", f"program {program!r} is not on PATH ({search}) "
                                       "or is not executable"))
+            return
+    else:
+        full = where / program
+        if not full.is_file():
+            errors.append(ConfigError(str(path.absolute()), "command", f"program {str(full)!r} does not exist"))
+            return
+        if not os.access(full, os.X_OK):
+            errors.append(ConfigError(str(path.absolute()), "command", f"program {str(full)!r} is not executable"))
+            return
+    _check_script(path, server, where, errors)
+
+
+def _check_script(path: Path, server: ServerConfig, where: Path, errors: list[ConfigError]) -> None:
+    """`python srv.py` with no `srv.py` fails at its first call as surely as a missing program: say so now."""
+    if not SCRIPT_INTERPRETERS.fullmatch(Path(server.command[0]).name):
         return
-    where = Path(server.cwd) if server.cwd else Path.cwd()
-    if server.cwd and not where.is_absolute():
-        where = path.parent.parent / where
-    full = where / program
-    if not full.is_file():
-        errors.append(ConfigError(str(path.absolute()), "command", f"program {str(full)!r} does not exist"))
-    elif not os.access(full, os.X_OK):
-        errors.append(ConfigError(str(path.absolute()), "command", f"program {str(full)!r} is not executable"))
+    for operand in server.argv[1:]:
+        if operand in NO_SCRIPT_OPTIONS:
+            return
+        if operand.startswith("-"):
+            continue
+        if operand.endswith(SCRIPT_SUFFIXES) and not (where / operand).is_file():
+            errors.append(ConfigError(str(path.absolute()), "command",
+                                      f"script {str(where / operand)!r} of {server.command[0]!r} does not exist"))
+        return
 
 
 def _check_prefixes(directory: Path, servers: dict[str, ServerConfig], errors: list[ConfigError]) -> None:

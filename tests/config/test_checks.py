@@ -54,6 +54,23 @@ def test_a_file_that_is_missing_or_not_executable_is_an_error(tmp_path: Path) ->
     assert set(load_snapshot(tmp_path).servers) == {"a", "b"}
 
 
+@pytest.mark.parametrize(("argv", "script"), [(["{python}", "-u", "gone.py"], "gone.py"),
+                                               (["sh", "gone.sh", "--flag"], "gone.sh"),
+                                               (["sh", "-c", "exec gone.sh"], None),
+                                               (["{python}", "-X", "importtime", "-m", "gone"], None)])
+def test_an_interpreters_missing_script_is_an_error(tmp_path: Path, argv: list[str], script: str | None) -> None:
+    quoted = ", ".join(f'"{arg}"' for arg in argv)
+    write_config(tmp_path, {"s": f'command = [{quoted}]\ncwd = "."\n' + JSONRPC})
+    if script is None:  # the code comes from a module or a string: nothing to look for
+        assert set(load_snapshot(tmp_path).servers) == {"s"}
+        return
+    program = sys.executable if argv[0] == PYTHON_PLACEHOLDER else argv[0]
+    assert errors_of(tmp_path) == [f"{tmp_path / 'tools.d' / 's.toml'} [command]: script "
+                                   f"'{tmp_path / script}' of {program!r} does not exist"]
+    (tmp_path / script).write_text("")
+    assert set(load_snapshot(tmp_path).servers) == {"s"}
+
+
 def test_python_placeholder_is_the_daemons_own_interpreter(tmp_path: Path) -> None:
     write_config(tmp_path, {"calc": f'command = ["{PYTHON_PLACEHOLDER}", "-m", "gatewayd.examples.calc"]\n' + JSONRPC})
     assert load_snapshot(tmp_path).servers["calc"].argv == [sys.executable, "-m", "gatewayd.examples.calc"]
