@@ -54,6 +54,9 @@ class CallContext:
     # Who the call's server's own requests are put to when the caller has no session to be asked on (MCP 2026-07-28,
     # modern.py); None: the relay decides (relay.py).
     asker: Caller | None = None
+    # Told the call and its "still allowed?" check once it is decided (None: nobody asks again): a modern call that
+    # outlives its request (continuations.py) is decided again on each retry that resumes it.
+    on_decided: Callable[[Call, Callable[[], None] | None], None] | None = None
 
     def current_principal(self) -> Principal | None:
         """The client's principal in the config generation current now (a reload may have changed or removed it

@@ -20,6 +20,7 @@ never left waiting. The call's own timeout keeps running while it is parked. Doe
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -30,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gatewayd import relay
-from gatewayd.errors import InvalidParams, Overloaded, RequestCancelled
+from gatewayd.calls import Call
+from gatewayd.errors import GatewayError, InvalidParams, Overloaded, RequestCancelled
 from gatewayd.records import Records
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ MAX_PARKED_PER_CLIENT: Final = 8
 CLOSE_WAIT: Final = 5.0
 # The length of a continuation's id (bytes of randomness): it is only ever inside a sealed state, unguessable anyway.
 ID_BYTES: Final = 16
+# Events (progress, log messages) a parked call's child sends while no request of its caller is open: kept for the
+# retry's stream, the oldest dropped past this many (a child reporting while its caller thinks must not grow memory
+# without bound; the newest progress says the most).
+MAX_HELD_EVENTS: Final = 256
 
 # Whether the caller declared it can answer a question of a kind (relay.KINDS), given the question's params.
 Declares = Callable[[str, Any], bool]
@@ -69,8 +75,14 @@ class Continuation:
         self.registry = registry
         self.client = client
         self.id = secrets.token_urlsafe(ID_BYTES)
-        # Where the call's notifications go now: the stream of the HTTP request waiting on it (None: nowhere).
+        # Where the call's notifications go now: the stream of the HTTP request waiting on it (None: held).
         self.sink: Any = None
+        self._held: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_HELD_EVENTS)
+        self._dropped = 0
+        # The call as decided, and its check that the client may still make it (Gateway._call tells `decided`).
+        self.call: Call | None = None
+        self._still_allowed: Callable[[], None] | None = None
+        self.rounds = 0
         self._keys = itertools.count(1)
         self._fresh: list[Question] = []
         self._asked: list[Question] = []
@@ -81,9 +93,48 @@ class Continuation:
         self.task.add_done_callback(self._ended)
 
     def emit(self, message: dict[str, Any]) -> None:
-        """The call's event sink: the current request's stream; dropped while parked."""
+        """The call's event sink: the current request's stream; held for the next one while parked."""
         if self.sink is not None:
             self.sink(message)
+            return
+        if len(self._held) == MAX_HELD_EVENTS:
+            self._dropped += 1
+        self._held.append(message)
+
+    def attach(self, sink: Any) -> None:
+        """Send the call's events to a request's stream from now on, those held while parked first, in order."""
+        self.sink = sink
+        while self._held:
+            sink(self._held.popleft())
+        if self._dropped:
+            logger.info("client=%s parked call: %d events over %d dropped while parked", self.client, self._dropped,
+                        MAX_HELD_EVENTS)
+            self._dropped = 0
+
+    def detach(self) -> None:
+        self.sink = None
+
+    def decided(self, call: Call, still_allowed: Callable[[], None] | None) -> None:
+        """The call was decided (Gateway._call): keep what a retry decides it again with."""
+        self.call, self._still_allowed = call, still_allowed
+
+    def resume(self, answers: dict[str, Any]) -> None:
+        """A retry brings the caller's answers: decide the call again as of now (a reload may have taken the
+        client's permission away, or the client itself), record the round, and send the answers to the child.
+        Denied, the call is abandoned and the route's "unknown" error raised, as for a new call."""
+        self.rounds += 1
+        records = self.registry.records
+        try:
+            if self._still_allowed is not None:
+                self._still_allowed()
+        except GatewayError:
+            if records is not None and self.call is not None:
+                records.resumed(self.call, self.rounds, "denied", len(answers))
+            self.abandon("denied", "the client may no longer make this call")
+            raise
+        if records is not None and self.call is not None:
+            records.resumed(self.call, self.rounds, "resumed", len(answers))
+        self.answer(answers)
 
     # -- the child's side ------------------------------------------------------------------------
 

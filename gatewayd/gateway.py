@@ -161,12 +161,14 @@ class Gateway:
         confirm = await authorize(call, target, self.records, fold=True)
         if confirmed:
             confirm = None
+        check = still_allowed(call, target, self.records)
+        if call.ctx.on_decided is not None:
+            call.ctx.on_decided(call, check)
         try:
             with self.inflight.track(call):
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
-                result = await forward(call, target, still_allowed(call, target, self.records), self.relay,
-                                       self.agents)
+                result = await forward(call, target, check, self.relay, self.agents)
         except GatewayError as exc:
             # What the caller got, and whose error it was: a tool server's own error is not the gateway's failure.
             self.records.outcome(call, exc.error_type, error_code=exc.caller_code(), error_source=exc.source)

@@ -79,6 +79,13 @@ class Records:
                 call.allowed = None
             self.audit.queue(call.record("outcome", status=status, duration_ms=round(seconds * 1000, 3), **fields))
 
+    def resumed(self, call: Call, round_: int, outcome: str, answers: int) -> None:
+        """Record a modern caller's retry that resumed (or, denied, ended) a call parked for its answers
+        (continuations.py): its own record, under the call's trace id, so the rounds of one call read as one."""
+        if self.audit.enabled:
+            self.unfinished(call)
+            self.audit.queue(call.record("resumed", round=round_, outcome=outcome, answers=answers))
+
     def relayed(self, *, server: str, kind: str, client: str, session: str | None, request_id: str | None,
                 outcome: str, params: Any, seconds: float) -> None:
         """Record how a request a tool server sent the client during a call ended (relay.py); queued, not waited

@@ -12,7 +12,7 @@ from typing import Any, Final
 import pytest
 
 from gatewayd import relay
-from gatewayd.continuations import Continuations
+from gatewayd.continuations import MAX_HELD_EVENTS, Continuations
 from gatewayd.errors import Overloaded, RequestCancelled
 
 ASK: Final = {"jsonrpc": "2.0", "id": "ask-1", "method": "sampling/createMessage",
@@ -110,3 +110,24 @@ async def test_closing_answers_a_waiting_request_with_an_error_not_its_own_cance
     await registry.close()
     with pytest.raises(RequestCancelled):
         await waiting
+
+
+async def test_events_of_a_parked_call_are_held_for_the_retrys_stream_in_order_the_oldest_dropped_past_the_bound(
+) -> None:
+    registry = Continuations(timeout=60)
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    first: list[dict[str, Any]] = []
+    continuation.attach(first.append)
+    continuation.emit({"n": 0})
+    continuation.detach()
+    for n in range(1, MAX_HELD_EVENTS + 3):  # two more than are kept while parked
+        continuation.emit({"n": n})
+    retry: list[dict[str, Any]] = []
+    continuation.attach(retry.append)
+    continuation.emit({"n": "live"})
+    assert first == [{"n": 0}]
+    assert retry == [{"n": n} for n in range(3, MAX_HELD_EVENTS + 3)] + [{"n": "live"}]
+    continuation.abandon("test", "done")
+    with pytest.raises(asyncio.CancelledError):
+        await continuation.task

@@ -105,13 +105,13 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
             await _check_param_headers(request, state, principal, message)
         retry, message = _retry(state, principal, message)
         resumed = _resumed(state, principal, retry)
+        if resumed is not None:
+            # A parked call's own context goes on; this request only waits for it (and may cancel it).
+            assert retry is not None
+            resumed.resume(retry.answers)
     except GatewayError as exc:
         logger.info("client=%s modern %s refused: %s", principal.name, message.method[:64], exc.message)
         return _error(message.id, exc)
-    if resumed is not None:
-        # A parked call's own context goes on; this request only waits for it (and may cancel it).
-        assert retry is not None
-        resumed.answer(retry.answers)
     ctx = CallContext(principal, state.generation.servers, None, on_disconnect=limits.on_disconnect(request),
                       authority=state.principal, asker=modern.Asker(envelope, retry))
     if sse_ok:
@@ -309,14 +309,15 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
         inner = dataclasses.replace(ctx, on_disconnect=None)
         continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(inner, message))
         inner.emit = continuation.emit
+        inner.on_decided = continuation.decided
         asker.continuation = continuation
-    continuation.sink = ctx.emit
+    continuation.attach(ctx.emit)
     try:
         outcome = await continuation.wait()
     except GatewayError as exc:
         return error_response(message.id, exc)
     finally:
-        continuation.sink = None
+        continuation.detach()
     if isinstance(outcome, dict):
         return {**outcome, "id": message.id}
     try:

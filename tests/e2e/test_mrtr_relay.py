@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
 from gatewayd.continuations import MAX_PARKED_PER_CLIENT
-from tests.daemon import REPO, Daemon, python_command, write_config
+from tests.daemon import REPO, Daemon, gatewayctl, python_command, write_config
 from tests.e2e.test_mcp_sdk import MODERN_VERSION, SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, post, request
 from tests.waiting import eventually
@@ -226,3 +226,44 @@ async def test_a_parked_call_nobody_retries_is_abandoned_and_the_child_told(
         assert answer["error"]["code"] == INVALID_PARAMS and answer["error"]["data"]["reason"] == "used"
         await eventually(lambda: any(r.get("event") == "relayed" and r["outcome"] == "timeout" for r in park.audit),
                          what="the timeout record")
+
+
+# -- each retry decided again, and audited --------------------------------------------------------
+
+
+async def test_each_resumed_round_has_its_own_record_under_the_calls_trace(rig: Rig) -> None:
+    async with asyncio.timeout(TEST_DEADLINE):
+        _, answer = await call(rig, "user", "ask__sampling", {"prompt": "traced"})
+        [key] = answer["result"]["inputRequests"]
+        _, answer = await call(rig, "user", "ask__sampling", {"prompt": "traced"},
+                               inputResponses={key: SAMPLED}, requestState=answer["result"]["requestState"])
+        assert answer["result"]["content"][0]["text"] == "LLM response: echo hi"
+
+    def rounds() -> list[dict[str, Any]]:
+        traces = {r["trace_id"] for r in rig.audit if r.get("event") == "decision"
+                  and r.get("params") == {"prompt": "traced"}}
+        return [r for r in rig.audit if r.get("event") == "resumed" and r["trace_id"] in traces]
+
+    await eventually(lambda: bool(rounds()), what="the resumed record")
+    resumed = rounds()
+    assert [(r["round"], r["outcome"], r["answers"], r["client"]) for r in resumed] == [(1, "resumed", 1, "user")]
+
+
+async def test_a_retry_after_a_reload_took_the_permission_away_is_refused_and_the_child_told(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("mrtr-reauth")
+    async with rig_of(root) as rigged, asyncio.timeout(TEST_DEADLINE):
+        _, answer = await call(rigged, "user", "ask__sampling", {"prompt": "revoked"})
+        [key] = answer["result"]["inputRequests"]
+        (root / "policies" / "roles.toml").write_text('[roles.user]\nallow = ["quiet.*"]\n')
+        code, _, err = await gatewayctl(root, "reload")
+        assert code == 0, err
+        _, retried = await call(rigged, "user", "ask__sampling", {"prompt": "revoked"},
+                                inputResponses={key: SAMPLED}, requestState=answer["result"]["requestState"])
+        # Exactly what a new call of a tool the client may not use gets: denied looks unknown.
+        _, fresh = await call(rigged, "user", "ask__sampling", {"prompt": "revoked"})
+        assert "error" in retried and retried["error"] == fresh["error"], (retried, fresh)
+        # The child's question was answered with an error, not left waiting; the round is on record as denied.
+        await eventually(lambda: any("error" in reply for reply in rigged.asked()), what="the child's error")
+        await eventually(lambda: any(r.get("event") == "resumed" and r["outcome"] == "denied" for r in rigged.audit),
+                         what="the denied round")
