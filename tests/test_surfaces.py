@@ -26,7 +26,7 @@ from gatewayd.policy import Grant, Principal
 from gatewayd.sessions import Session, Sessions
 from gatewayd.upstream.api import Upstream
 from gatewayd.upstream.server import ToolServer
-from tests.daemon import python_command, write_config
+from tests.daemon import faultsrv_command, write_config
 from tests.test_gateway import Scripted, in_memory_gateway
 from tests.waiting import eventually
 
@@ -247,7 +247,7 @@ def test_prompt_names_reverse_exactly() -> None:
 
 def test_explain_says_what_a_surface_grant_covers(tmp_path: Path) -> None:
     calc = 'protocol = "jsonrpc"\ncommand = ["true"]\n[methods.add]\n'
-    write_config(tmp_path, {"docs": python_command("x.py"), "calc": calc},
+    write_config(tmp_path, {"docs": faultsrv_command(), "calc": calc},
                  '[roles.r]\nallow = ["docs.resources/read", "calc.*"]\n', {"c": ["r"]})
     snapshot = load_snapshot(tmp_path)
     lines = list(explain(snapshot, "c", "docs.resources/read", None))
@@ -285,8 +285,8 @@ async def test_one_sessions_unsubscribe_leaves_anothers_subscription_at_the_serv
 
 
 def test_explain_says_what_a_server_may_ask_the_caller_during_the_call(tmp_path: Path) -> None:
-    write_config(tmp_path, {"asker": python_command("x.py") + '\nrelay = ["sampling", "roots"]\n',
-                            "quiet": python_command("x.py")}, '[roles.r]\nallow = ["asker.*", "quiet.*"]\n',
+    write_config(tmp_path, {"asker": faultsrv_command() + '\nrelay = ["sampling", "roots"]\n',
+                            "quiet": faultsrv_command()}, '[roles.r]\nallow = ["asker.*", "quiet.*"]\n',
                  {"c": ["r"]})
     snapshot = load_snapshot(tmp_path)
     assert list(explain(snapshot, "c", "asker.tool", None))[-1] == \

@@ -25,7 +25,7 @@ from gatewayd.upstream.api import Delivery
 from gatewayd.upstream.fleet import ChildBudget, Fleet
 from gatewayd.upstream.process import STDERR_TAIL_LINES, _StderrLog
 from gatewayd.upstream.server import State
-from tests.daemon import FAULTSRV, python_command, write_config
+from tests.daemon import FAULTSRV, faultsrv_command, write_config
 from tests.upstream.test_supervision import FAULT_METHODS
 from tests.waiting import eventually, process_gone
 
@@ -148,8 +148,8 @@ def test_a_client_s_share_cannot_exceed_the_server_s_children() -> None:
 
 
 def test_explain_says_a_server_runs_a_child_per_session(tmp_path: Path) -> None:
-    write_config(tmp_path, {"mine": python_command("x.py") + '\nisolation = "session"\n',
-                            "ours": python_command("x.py")}, '[roles.r]\nallow = ["mine.*", "ours.*"]\n', {"c": ["r"]})
+    write_config(tmp_path, {"mine": faultsrv_command() + '\nisolation = "session"\n',
+                            "ours": faultsrv_command()}, '[roles.r]\nallow = ["mine.*", "ours.*"]\n', {"c": ["r"]})
     snapshot = load_snapshot(tmp_path)
     assert '  runs on a child of its own for each session (isolation = "session")' in explain(
         snapshot, "c", "mine.tool", None)
@@ -157,7 +157,7 @@ def test_explain_says_a_server_runs_a_child_per_session(tmp_path: Path) -> None:
 
 
 def test_an_unknown_isolation_is_a_config_error_naming_file_and_key(tmp_path: Path) -> None:
-    write_config(tmp_path, {"mine": python_command("x.py") + '\nisolation = "process"\n'}, "", {})
+    write_config(tmp_path, {"mine": faultsrv_command() + '\nisolation = "process"\n'}, "", {})
     with pytest.raises(ConfigInvalid) as error:
         load_snapshot(tmp_path)
     assert "tools.d/mine.toml" in str(error.value) and "isolation" in str(error.value)
