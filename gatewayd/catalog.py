@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gatewayd import policy
+from gatewayd.jsonrpc import Encoded, ReadOnlyList
 from gatewayd.policy import Decision, Principal
 from gatewayd.sessions import Sessions
 from gatewayd.tokens import TokenTable
@@ -57,8 +58,7 @@ class Catalog:
         # The last server table indexed by prefix (a generation's table stays the same object while it is current).
         self._indexed: tuple[Mapping[str, Upstream], dict[str, Upstream], list[Upstream]] | None = None
         # The last listing of each principal, with what it was made from (`list_tools`).
-        self._listings: dict[int, tuple[Principal, Mapping[str, Upstream], tuple[int, ...], list[Any],
-                                        list[dict[str, Any]]]] = {}
+        self._listings: dict[int, tuple[Principal, Mapping[str, Upstream], tuple[int, ...], list[Any], Encoded]] = {}
         # Tool lists by method, keyed by the list's id (`input_schema`).
         self._tool_indexes: dict[int, tuple[list[ToolDef], dict[str, ToolDef]]] = {}
 
@@ -163,23 +163,25 @@ class Catalog:
             return None
         return tool.raw.get("inputSchema") if tool.raw is not None else tool.input_schema
 
-    async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> dict[str, Any]:
+    async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> Encoded:
         """Every tool the principal may call, across servers, in a deterministic order. Made again only when
         something it depends on changed: the principal (a reload makes new ones), the server table, or a server's
-        tool list (each stays the same object until it changes); 2,000 tools took ~20 ms to describe."""
+        tool list (each stays the same object until it changes); 2,000 tools took ~20 ms to describe. The same
+        result object is answered until then, so its JSON text is made once too (jsonrpc.Encoded: encoding those
+        2,000 tools took 4-6 ms)."""
         visible = [s for s in servers.values() if policy.may_see_server(principal, s.name)]
         listed = await asyncio.gather(*(s.tools() for s in visible), return_exceptions=True)
         key = tuple(map(id, listed))
         cached = self._listings.get(id(principal))
         if cached is not None and cached[0] is principal and cached[1] is servers and cached[2] == key:
-            return {"tools": list(cached[4])}
-        tools = self._describe_all(principal, visible, listed)
+            return cached[4]
+        answer = Encoded(tools=ReadOnlyList(self._describe_all(principal, visible, listed)))
         if not any(isinstance(result, BaseException) for result in listed):
             if len(self._listings) >= MAX_CACHED_LISTINGS:
                 self._listings.clear()
             # The lists themselves are kept with their ids, so an id cannot be reused by another list meanwhile.
-            self._listings[id(principal)] = (principal, servers, key, listed, tools)
-        return {"tools": list(tools)}
+            self._listings[id(principal)] = (principal, servers, key, listed, answer)
+        return answer
 
     def _describe_all(self, principal: Principal, visible: list[Upstream],
                       listed: list[list[ToolDef] | BaseException]) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from gatewayd.errors import (
     MissingClientCapability,
     UnsupportedProtocolVersion,
 )
+from gatewayd.jsonrpc import Encoded
 from gatewayd.sessions import LOG_LEVELS
 
 if TYPE_CHECKING:
@@ -158,9 +159,17 @@ def modern_capabilities(legacy: dict[str, Any]) -> dict[str, Any]:
 
 def finish(method: str, result: Any, server_info: dict[str, Any]) -> Any:
     """A result as the modern era carries it: `resultType`, the server's identity in `_meta`, and caching hints on
-    what may be cached. A child's own `resultType` and `_meta` keys are kept."""
+    what may be cached. A child's own `resultType` and `_meta` keys are kept. A result kept whole between requests
+    (jsonrpc.Encoded) is finished once, and kept with it."""
+    if isinstance(result, Encoded):
+        return result.derived(("modern", method), server_info,
+                              lambda: Encoded(_finished(method, result, server_info)))
     if not isinstance(result, dict):
         return result
+    return _finished(method, result, server_info)
+
+
+def _finished(method: str, result: dict[str, Any], server_info: dict[str, Any]) -> dict[str, Any]:
     finished = {**result}
     finished.setdefault("resultType", "complete")
     meta = finished.get("_meta")

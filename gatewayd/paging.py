@@ -4,7 +4,8 @@ Owns the page size (setting `list_page_size`), the cursor format, and checking a
 `tools/list`, `resources/list`, `resources/templates/list`, `prompts/list` and `tasks/list`. A list is made whole
 for the client's principal, in its deterministic order (catalog.py, surfaces.py, tasks.py), and then cut: a
 page holds up to `size` items from where the cursor says, and carries `nextCursor` when more follow. A list that
-fits in one page is answered as it was made, with no work added.
+fits in one page is answered as it was made, with no work added. The pages of a list kept whole between requests
+(jsonrpc.Encoded: `tools/list`) are kept with it, so that each is cut and encoded once.
 
 A cursor is opaque to clients: 28 bytes, base64url — where the next page starts, a digest of the identity (name,
 URI, template or task id) of the last item the client was given, and an HMAC, under a key made at start, over
@@ -28,6 +29,7 @@ import struct
 from typing import Any
 
 from gatewayd.errors import InvalidParams
+from gatewayd.jsonrpc import Encoded
 
 DEFAULT_PAGE_SIZE = 1000
 # Each list method, the key of its items in the answer, and the key that names one item.
@@ -82,6 +84,15 @@ class Pager:
         if at is None and len(items) <= self.size:
             return answer
         start = 0 if at is None else _resume(items, name, *at)
+        if isinstance(answer, Encoded):
+            # The same page of the same list for the same client is the same bytes (the cursor's key is this pager's).
+            return answer.derived(("page", client, method, start), (self, self.size),
+                                  lambda: Encoded(self._cut(client, method, answer, start)))
+        return self._cut(client, method, answer, start)
+
+    def _cut(self, client: str, method: str, answer: dict[str, Any], start: int) -> dict[str, Any]:
+        key, name = ITEMS[method]
+        items = answer[key]
         end = start + self.size
         page = {**answer, key: items[start:end]}
         if end < len(items):

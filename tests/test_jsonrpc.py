@@ -6,8 +6,20 @@ import json
 
 import pytest
 
+from gatewayd import modern
 from gatewayd.errors import InvalidRequest, ParseError
-from gatewayd.jsonrpc import Invalid, Notification, Request, Response, dumps, parse_body
+from gatewayd.jsonrpc import (
+    MAX_DERIVED,
+    Encoded,
+    Invalid,
+    Notification,
+    ReadOnlyList,
+    Request,
+    Response,
+    dumps,
+    parse_body,
+    result_response,
+)
 
 LIMITS = {"max_depth": 8, "max_batch": 3}
 
@@ -141,3 +153,54 @@ def test_large_finite_numbers_are_kept_and_nothing_encodes_to_infinity() -> None
 def test_a_surrogate_pair_is_a_character_not_an_error() -> None:
     message = one(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\ud83d\\ude00"]}')
     assert message == Request(1, "a.b", ["\U0001f600"])
+
+
+LISTING = {"tools": [{"name": "a__one", "description": "é \u2028 \"q\"", "inputSchema": {"type": "object"}},
+                     {"name": "b__two", "n": [1, -2.5, None, True]}]}
+
+
+@pytest.mark.parametrize("request_id", [1, 0, -7, 2**63 - 1, "", "x", 'q"\\é\u2028\x01', None])
+def test_an_encoded_result_answers_the_same_bytes_with_each_id_spliced_in(request_id: object) -> None:
+    remembered = Encoded(tools=ReadOnlyList(LISTING["tools"]))
+    for _ in range(2):  # the first answer makes the text, the second reuses it
+        spliced = dumps(result_response(request_id, remembered))  # type: ignore[arg-type]
+        assert spliced == dumps(result_response(request_id, json.loads(json.dumps(LISTING))))  # type: ignore[arg-type]
+        assert json.loads(spliced) == {"jsonrpc": "2.0", "id": request_id, "result": LISTING}
+    # In a batch, or in any other shape, it is encoded as the dict it is.
+    batch = [result_response(1, remembered), {"jsonrpc": "2.0", "id": 2, "error": {"code": 1, "message": "m"}}]
+    assert dumps(batch) == dumps(json.loads(json.dumps(batch)))
+    assert dumps({"id": request_id, "jsonrpc": "2.0", "result": remembered}) \
+        == dumps({"id": request_id, "jsonrpc": "2.0", "result": LISTING})
+
+
+def test_an_encoded_result_and_its_lists_refuse_to_change() -> None:
+    remembered = Encoded(tools=ReadOnlyList(LISTING["tools"]))
+    with pytest.raises(TypeError):
+        remembered["tools"] = []
+    with pytest.raises(TypeError):
+        remembered.update(more=1)
+    with pytest.raises(TypeError):
+        remembered["tools"].append({})
+    with pytest.raises(TypeError):
+        remembered["tools"][0] = {}
+    # A copy is a plain dict, changed freely; a slice a plain list.
+    copy = {**remembered, "nextCursor": "c"}
+    assert type(copy) is dict and type(remembered["tools"][:1]) is list
+    assert dumps(result_response(1, remembered)) == dumps(result_response(1, LISTING))
+
+
+def test_results_made_from_an_encoded_one_are_kept_with_it_up_to_the_limit() -> None:
+    remembered = Encoded(tools=ReadOnlyList(LISTING["tools"]))
+    info = {"name": "gatewayd", "version": "1"}
+    finished = modern.finish("tools/list", remembered, info)
+    assert isinstance(finished, Encoded) and finished["resultType"] == "complete" and finished["ttlMs"] == 0
+    assert modern.finish("tools/list", remembered, dict(info)) is finished
+    # Made anew when what it also depends on changed.
+    other = modern.finish("tools/list", remembered, {**info, "version": "2"})
+    assert other is not finished and other["_meta"][modern.SERVER_INFO_KEY]["version"] == "2"
+    remembered = Encoded(tools=ReadOnlyList(LISTING["tools"]))
+    made = [remembered.derived(key, None, lambda: Encoded(k=1)) for key in range(MAX_DERIVED)]
+    assert all(remembered.derived(key, None, lambda: Encoded()) is made[key] for key in range(MAX_DERIVED - 1))
+    # One more than the limit drops those kept before, all at once.
+    remembered.derived(MAX_DERIVED, None, lambda: Encoded())
+    assert remembered.derived(0, None, lambda: Encoded(k=2)) is not made[0]
