@@ -1,4 +1,4 @@
-"""Import asyncio and aiohttp without their TLS support: imported by the command line before anything else.
+"""Import asyncio, aiohttp and hashlib without OpenSSL: imported by the command line before anything else.
 
 Neither gatewayd nor gatewayctl ever uses TLS: the daemon serves plain HTTP on loopback (a TLS front, if
 one is wanted, is a reverse proxy's job), gatewayctl talks to a unix socket, and the tool servers are
@@ -10,20 +10,47 @@ Both libraries treat a failing `import ssl` as "this Python has no TLS" (a suppo
 length of their import `ssl` is made unimportable, then made importable again: anything imported later
 gets the real module. Nothing changes when either was already imported (the test process, an embedding
 program): this module then does nothing.
+
+hashlib and hmac are imported the same way, with `_hashlib` (their OpenSSL backend) unimportable: they then
+use Python's own SHA-2 and HMAC, which give the same digests. Loading libcrypto for them cost ~4.7 MiB of an
+idle daemon's ~50 (its code and its tables; bench.start, issue 20). What gatewayd hashes is short (tokens,
+cursors, the canonical params of a call): up to ~100 bytes Python's own SHA-256 is as fast, at 500 bytes
+~1 µs slower, and over large input ~5× slower (3 ms for the params of a 1 MiB call instead of 0.6). Only a
+Python whose own hashes are all present is led there (hashlib would log an error for each missing one).
 """
 
 from __future__ import annotations
 
 import sys
+from importlib.util import find_spec
+
+# Python's own hash modules hashlib falls back to for the algorithms it always offers.
+_OWN_HASHES = ("_md5", "_sha1", "_sha2" if sys.version_info >= (3, 12) else "_sha256",
+               *(() if sys.version_info >= (3, 12) else ("_sha512",)), "_blake2", "_sha3")
+
+
+def _blocked() -> list[str]:
+    """The modules made unimportable while the libraries are imported."""
+    blocked = [] if "ssl" in sys.modules else ["ssl"]
+    if "hashlib" not in sys.modules and "_hashlib" not in sys.modules \
+            and all(find_spec(name) is not None for name in _OWN_HASHES):
+        blocked.append("_hashlib")
+    return blocked
+
 
 if "ssl" not in sys.modules and "aiohttp" not in sys.modules:
+    _BLOCKED = _blocked()
     # A None entry makes `import ssl` raise ImportError (the documented way to block an import).
-    sys.modules["ssl"] = None  # type: ignore[assignment]
+    for _name in _BLOCKED:
+        sys.modules[_name] = None  # type: ignore[assignment]
     try:
         import asyncio  # noqa: F401  (imported here for the side effect: asyncio.sslproto without ssl)
+        import hashlib  # noqa: F401  (and these for theirs: Python's own hashes and HMAC)
+        import hmac  # noqa: F401
 
         import aiohttp
         import aiohttp.web  # noqa: F401
     finally:
-        if sys.modules.get("ssl", True) is None:
-            del sys.modules["ssl"]
+        for _name in _BLOCKED:
+            if sys.modules.get(_name, True) is None:
+                del sys.modules[_name]

@@ -18,7 +18,22 @@ def loaded_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
-def test_the_daemon_imports_neither_watchfiles_nor_pydantic_settings_nor_ssl() -> None:
+def test_the_daemon_imports_neither_watchfiles_nor_pydantic_settings_nor_ssl_nor_openssl_hashes() -> None:
     loaded = loaded_after("import gatewayd.cli, gatewayd.app, gatewayd.reloader")
-    # watchfiles (and anyio under it) only once watching starts; settings are merged without pydantic-settings.
-    assert not loaded & {"watchfiles", "anyio", "pydantic_settings", "dotenv", "ssl"}, loaded
+    # watchfiles (and anyio under it) only once watching starts; settings are merged without pydantic-settings;
+    # hashlib and hmac use Python's own hashes, not libcrypto's (`_hashlib`).
+    assert not loaded & {"watchfiles", "anyio", "pydantic_settings", "dotenv", "ssl", "_hashlib"}, loaded
+
+
+def test_python_own_hashes_give_the_same_digests_and_macs() -> None:
+    # SHA-256 of "abc" (FIPS 180-2) and HMAC-SHA-256 of RFC 4231's test case 2.
+    probe = ("import gatewayd.cli, hashlib, hmac, sys\n"
+             "from gatewayd.tokens import hash_token\n"
+             "assert '_hashlib' not in sys.modules\n"
+             "print(hashlib.sha256(b'abc').hexdigest(), hash_token('abc'),"
+             " hmac.new(b'Jefe', b'what do ya want for nothing?', hashlib.sha256).hexdigest())")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=IMPORT_DEADLINE,
+                          check=True)
+    sha = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert done.stdout.split() == [sha, sha, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"]
+    assert not done.stderr  # hashlib logs an error for each hash it cannot find
