@@ -27,17 +27,9 @@ from pydantic import ValidationError
 
 from gatewayd import __version__, display, urls
 from gatewayd.admin import CLIENT_TIMEOUT, AdminClient, AdminUnavailable
-from gatewayd.config.edit import (
-    client_token_text,
-    operator_token_text,
-    set_client_token,
-    set_operator_token,
-    write_atomic,
-)
 from gatewayd.config.loader import POLICIES_DIR, ConfigInvalid, Snapshot, defined_in, load_snapshot
 from gatewayd.config.models import parse_duration
 from gatewayd.errors import ConfigError
-from gatewayd.explain import denied, explain
 from gatewayd.settings import Settings, describe
 from gatewayd.tokens import hash_token, new_token
 
@@ -233,6 +225,9 @@ def _token_new(args: argparse.Namespace) -> int:
     if kind == "client" and existing is None and not args.roles:
         raise ConfigError(str(path.absolute()), f"{key}.roles", "a new client needs at least one --role "
                           "(with none it may call nothing)")
+    # Writing config (and tomli_w under it) is gatewayctl's alone: the daemon does not load it (test_lean_start.py).
+    from gatewayd.config.edit import client_token_text, operator_token_text, write_atomic
+
     token = new_token()
     if kind == "client":
         text = client_token_text(path, args.client, hash_token(token), args.roles)
@@ -265,6 +260,8 @@ def _policy_file(args: argparse.Namespace, existing: Path | None) -> Path:
 
 
 def _dev_client(args: argparse.Namespace) -> int:
+    from gatewayd.config.edit import set_client_token, set_operator_token
+
     policy_file = args.config_dir / POLICIES_DIR / DEV_POLICY_FILE
     token = _dev_token(args.config_dir / DEV_TOKEN_FILE, policy_file,
                        lambda digest: set_client_token(policy_file, DEV_CLIENT, digest, [DEV_ROLE]))
@@ -323,6 +320,9 @@ def _count(number: int, noun: str) -> str:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    # gatewayctl's alone: the daemon does not load it.
+    from gatewayd.explain import denied, explain
+
     snapshot = load_snapshot(args.config_dir)
     try:
         arguments = json.loads(args.arguments) if args.arguments is not None else None

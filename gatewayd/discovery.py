@@ -18,7 +18,6 @@ from typing import Any
 
 from gatewayd import __version__, errors, policy
 from gatewayd.policy import Decision, Principal
-from gatewayd.upstream.acp import direct_methods as acp_direct_methods
 from gatewayd.upstream.api import ToolDef, Upstream
 
 logger = logging.getLogger(__name__)
@@ -66,7 +65,11 @@ async def document(principal: Principal | None, servers: Mapping[str, Upstream])
 async def _offered(server: Upstream) -> list[ToolDef]:
     """What a direct call can reach: the server's tools, and an ACP agent's session methods (upstream/acp.py)."""
     tools = await server.tools()
-    return tools + acp_direct_methods() if server.protocol == "acp" else tools
+    if server.protocol != "acp":
+        return tools
+    from gatewayd.upstream.acp import direct_methods  # loaded by an agent's first call or listing
+
+    return tools + direct_methods()
 
 
 def _methods(principal: Principal, server: Upstream, tools: list[ToolDef]) -> list[dict[str, Any]]:

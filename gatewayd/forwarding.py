@@ -18,13 +18,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gatewayd.agents import Agents
 from gatewayd.calls import TOOLS_CALL, Call, CallContext, Target
 from gatewayd.errors import CallTimedOut
 from gatewayd.relay import Relay
 from gatewayd.upstream.api import Delivery, EventSink
+
+if TYPE_CHECKING:
+    from gatewayd.agents import Agents
 
 # The `_meta` key of a caller's own deadline for a call, in milliseconds from when the gateway received it.
 TIMEOUT_KEY = "io.gatewayd/timeoutMs"

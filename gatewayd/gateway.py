@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatewayd import __version__, calls, discovery, jsonrpc, surfaces, tasks
-from gatewayd.agents import Agents
 from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
@@ -41,6 +40,9 @@ from gatewayd.relay import Relay
 from gatewayd.routing import route, route_surface
 from gatewayd.sessions import LOG_LEVELS
 from gatewayd.upstream.api import Delivery
+
+if TYPE_CHECKING:
+    from gatewayd.agents import Agents
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,9 @@ class Gateway:
         self.inflight = inflight
         # The requests tool servers send callers during their calls (sampling, elicitation, roots).
         self.relay = relay if relay is not None else Relay(records)
-        # What ACP agents ask during their turns, answered for the turn's caller (agents.py).
-        self.agents = Agents(records, gate)
+        # What ACP agents ask during their turns, answered for the turn's caller (agents.py); made, and agents.py
+        # with its terminals imported, by the first call to an agent.
+        self._agents: Agents | None = None
         # The tasks children hold for clients (tasks.py).
         self.tasks = tasks.Tasks()
         # Cancellations of tasks the table had no room for, running.
@@ -150,6 +153,14 @@ class Gateway:
             return await discovery.document(ctx.current_principal(), ctx.servers)
         return await self._call(calls.direct(ctx, calls.DIRECT, message.id, method, message.params))
 
+    def agents(self) -> Agents:
+        """Who answers what ACP agents ask during their turns (agents.py), made on first use."""
+        if self._agents is None:
+            from gatewayd.agents import Agents
+
+            self._agents = Agents(self.records, self.gate)
+        return self._agents
+
     # -- the pipeline ----------------------------------------------------------------------
 
     async def _call(self, call: Call, target: Target | None = None, confirmed: bool = False) -> Any:
@@ -168,7 +179,8 @@ class Gateway:
             with self.inflight.track(call):
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
-                result = await forward(call, target, check, self.relay, self.agents)
+                result = await forward(call, target, check, self.relay,
+                                       self.agents() if target.server.protocol == "acp" else None)
         except GatewayError as exc:
             # What the caller got, and whose error it was: a tool server's own error is not the gateway's failure.
             self.records.outcome(call, exc.error_type, error_code=exc.caller_code(), error_source=exc.source)

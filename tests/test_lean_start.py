@@ -10,16 +10,24 @@ import sys
 IMPORT_DEADLINE = 60.0
 
 
-def loaded_after(code: str) -> set[str]:
-    """The top-level modules a fresh interpreter holds after running `code`."""
-    probe = code + "\nimport sys\nprint(' '.join(sorted({name.split('.')[0] for name in sys.modules})))"
+def loaded_after(code: str, whole: bool = False) -> set[str]:
+    """The top-level modules (`whole`: every module, by its dotted name) a fresh interpreter holds after running
+    `code`."""
+    names = "sys.modules" if whole else "{name.split('.')[0] for name in sys.modules}"
+    probe = code + f"\nimport sys\nprint(' '.join(sorted({names})))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=IMPORT_DEADLINE,
                           check=True)
     return set(done.stdout.split())
 
 
+DAEMON = "import gatewayd.cli, gatewayd.app, gatewayd.reloader"
+# Loaded when first used: by gatewayctl alone (explain, writing config with tomli_w), by the first ACP agent.
+LATER = {"gatewayd.explain", "gatewayd.config.edit", "tomli_w", "gatewayd.agents", "gatewayd.terminals",
+         "gatewayd.upstream.acp"}
+
+
 def test_the_daemon_imports_neither_watchfiles_nor_pydantic_settings_nor_ssl_nor_openssl_hashes() -> None:
-    loaded = loaded_after("import gatewayd.cli, gatewayd.app, gatewayd.reloader")
+    loaded = loaded_after(DAEMON)
     # watchfiles (and anyio under it) only once watching starts; settings are merged without pydantic-settings;
     # hashlib and hmac use Python's own hashes, not libcrypto's (`_hashlib`).
     assert not loaded & {"watchfiles", "anyio", "pydantic_settings", "dotenv", "ssl", "_hashlib"}, loaded
@@ -37,3 +45,8 @@ def test_python_own_hashes_give_the_same_digests_and_macs() -> None:
     sha = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert done.stdout.split() == [sha, sha, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"]
     assert not done.stderr  # hashlib logs an error for each hash it cannot find
+
+
+def test_the_daemon_imports_what_only_gatewayctl_or_an_agent_uses_when_it_is_first_used() -> None:
+    # tests/e2e/test_acp.py and the gatewayctl tests use each of them through a real daemon and command line.
+    assert not loaded_after(DAEMON, whole=True) & LATER
