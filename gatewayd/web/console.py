@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -51,9 +52,9 @@ CHANGE = "change"
 
 # -- the page --------------------------------------------------------------------------------------------
 
-# The page's style, script and body are package files (gatewayd/web/assets/), read once here. Each is served
-# inline after a newline that opens its element (`<style>`, `<body>`, `<script>`); the CSP hashes cover
-# exactly that text.
+# The page's style, script and body are package files (gatewayd/web/assets/), read once, when the page is first
+# asked for (an idle daemon does not hold them). Each is served inline after a newline that opens its element
+# (`<style>`, `<body>`, `<script>`); the CSP hashes cover exactly that text.
 _ASSETS = files("gatewayd.web") / "assets"
 
 
@@ -61,34 +62,30 @@ def _asset(name: str) -> str:
     return "\n" + (_ASSETS / name).read_text(encoding="utf-8")
 
 
-_STYLE = _asset("approvals.css")
-# The script's placeholders are filled in before its hash is taken.
-_SCRIPT = (_asset("approvals.js").replace("__API__", API_PATH)
-           .replace("__MAX_REASON__", str(approvals.MAX_REASON_CHARS))
-           .replace("__AGAIN_CHOICES__", json.dumps(ALLOW_AGAIN_CHOICES)))
-_BODY = _asset("approvals.html")
-
-
 def _csp_hash(code: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii") + "'"
 
 
-_PAGE = (
-    '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-    '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-    "<title>Approvals — gatewayd</title>\n"
-    f"<style>{_STYLE}</style>\n</head>\n<body>{_BODY}<script>{_SCRIPT}</script>\n</body>\n</html>\n"
-).encode()
-CSP = (
-    f"default-src 'none'; script-src {_csp_hash(_SCRIPT)}; style-src {_csp_hash(_STYLE)}; connect-src 'self'; "
-    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
-_PAGE_HEADERS = {
-    "Content-Security-Policy": CSP,
-    "Cache-Control": "no-store",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
+@functools.cache
+def page() -> tuple[bytes, dict[str, str]]:
+    """The page and the headers it is served with (its Content-Security-Policy allows exactly its own script and
+    style), made once."""
+    style = _asset("approvals.css")
+    # The script's placeholders are filled in before its hash is taken.
+    script = (_asset("approvals.js").replace("__API__", API_PATH)
+              .replace("__MAX_REASON__", str(approvals.MAX_REASON_CHARS))
+              .replace("__AGAIN_CHOICES__", json.dumps(ALLOW_AGAIN_CHOICES)))
+    body = _asset("approvals.html")
+    html = (
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        "<title>Approvals — gatewayd</title>\n"
+        f"<style>{style}</style>\n</head>\n<body>{body}<script>{script}</script>\n</body>\n</html>\n"
+    ).encode()
+    csp = (f"default-src 'none'; script-src {_csp_hash(script)}; style-src {_csp_hash(style)}; "
+           "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return html, {"Content-Security-Policy": csp, "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+                  "Referrer-Policy": "no-referrer"}
 _API_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
@@ -142,7 +139,8 @@ async def _end_streams(app: web.Application) -> None:
 
 async def _page(request: web.Request) -> web.Response:
     """The page: static and without data, so no token is needed to load it."""
-    return web.Response(body=_PAGE, content_type="text/html", charset="utf-8", headers=_PAGE_HEADERS)
+    html, headers = page()
+    return web.Response(body=html, content_type="text/html", charset="utf-8", headers=headers)
 
 
 def _operator(request: web.Request) -> str:

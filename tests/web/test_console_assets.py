@@ -92,7 +92,8 @@ async def test_the_page_serves_the_asset_files_inline_under_hashes_of_exactly_th
     directives = dict(part.strip().split(" ", 1) for part in response.headers["Content-Security-Policy"].split(";"))
     assert directives["script-src"] == sha256_source(script)
     assert directives["style-src"] == sha256_source(style)
-    assert response.headers["Content-Security-Policy"] == console.CSP and raw == console._PAGE
+    html, headers = console.page()
+    assert response.headers["Content-Security-Policy"] == headers["Content-Security-Policy"] and raw == html
 
 
 def test_the_wheel_ships_every_asset_file() -> None:
