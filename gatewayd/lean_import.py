@@ -1,4 +1,4 @@
-"""Import asyncio, aiohttp and hashlib without OpenSSL: imported by the command line before anything else.
+"""Import asyncio, aiohttp and hashlib without OpenSSL or C++: imported by the command line before anything else.
 
 Neither gatewayd nor gatewayctl ever uses TLS: the daemon serves plain HTTP on loopback (a TLS front, if
 one is wanted, is a reverse proxy's job), gatewayctl talks to a unix socket, and the tool servers are
@@ -12,11 +12,16 @@ gets the real module. Nothing changes when either was already imported (the test
 program): this module then does nothing.
 
 hashlib and hmac are imported the same way, with `_hashlib` (their OpenSSL backend) unimportable: they then
-use Python's own SHA-2 and HMAC, which give the same digests. Loading libcrypto for them cost ~4.7 MiB of an
-idle daemon's ~50 (its code and its tables; bench.start, issue 20). What gatewayd hashes is short (tokens,
+use Python's own SHA-2 and HMAC, which give the same digests. Loading libcrypto for them cost 3.6 MB of an idle
+daemon's 48.8 (its code and its tables; bench.start, issue 20). What gatewayd hashes is short (tokens,
 cursors, the canonical params of a call): up to ~100 bytes Python's own SHA-256 is as fast, at 500 bytes
 ~1 µs slower, and over large input ~5× slower (3 ms for the params of a 1 MiB call instead of 0.6). Only a
 Python whose own hashes are all present is led there (hashlib would log an error for each missing one).
+
+frozenlist (aiohttp's signals and middleware lists) is imported without its compiled form, which is C++ and loads
+libstdc++ for it alone: ~1 MB of an idle daemon. It falls back to its pure Python form, which behaves the same,
+when the compiled one cannot be imported; aiohttp reads those lists a few times per request, through a list
+iterator either way.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ _OWN_HASHES = ("_md5", "_sha1", "_sha2" if sys.version_info >= (3, 12) else "_sh
 def _blocked() -> list[str]:
     """The modules made unimportable while the libraries are imported."""
     blocked = [] if "ssl" in sys.modules else ["ssl"]
+    if "frozenlist" not in sys.modules:
+        blocked.append("frozenlist._frozenlist")
     if "hashlib" not in sys.modules and "_hashlib" not in sys.modules \
             and all(find_spec(name) is not None for name in _OWN_HASHES):
         blocked.append("_hashlib")
