@@ -54,6 +54,9 @@ class Listed:
     async def tools(self) -> list[ToolDef]:
         return self._tools
 
+    def tools_known(self) -> list[ToolDef] | None:
+        return self._tools
+
     async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
         raise NotImplementedError
 

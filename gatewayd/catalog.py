@@ -170,7 +170,10 @@ class Catalog:
         result object is answered until then, so its JSON text is made once too (jsonrpc.Encoded: encoding those
         2,000 tools took 4-6 ms)."""
         visible = [s for s in servers.values() if policy.may_see_server(principal, s.name)]
-        listed = await asyncio.gather(*(s.tools() for s in visible), return_exceptions=True)
+        # Each server's list as it stands, when none has to be asked: gathering 100 servers' `tools()` took ~0.3 ms.
+        known = [tools for tools in (s.tools_known() for s in visible) if tools is not None]
+        listed: list[list[ToolDef] | BaseException] = list(known) if len(known) == len(visible) else \
+            await asyncio.gather(*(s.tools() for s in visible), return_exceptions=True)
         key = tuple(map(id, listed))
         cached = self._listings.get(id(principal))
         if cached is not None and cached[0] is principal and cached[1] is servers and cached[2] == key:

@@ -66,6 +66,9 @@ class Scripted:
     async def tools(self) -> list[ToolDef]:
         return [ToolDef(tool, f"the {tool} tool", {"type": "object"}) for tool in self.tools_offered]
 
+    def tools_known(self) -> list[ToolDef] | None:
+        return None  # a new list each time: always asked
+
     # Held before anything is sent, as a real server waits for a slot: the call waits here until it is set.
     slot: asyncio.Event = field(default_factory=asyncio.Event)
     deliveries: list[Delivery] = field(default_factory=list)

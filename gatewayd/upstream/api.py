@@ -146,6 +146,11 @@ class Upstream(Protocol):
         """Everything the server offers (may start it, to ask)."""
         ...
 
+    def tools_known(self) -> list[ToolDef] | None:
+        """What `tools` would answer without waiting (declared, or listed by the running child), the same list
+        object; None when it would have to start or ask the child."""
+        ...
+
     async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
         """Call `tool` for an MCP `tools/call` with exactly `arguments`; the answer is an MCP CallToolResult (a
         tool's own failure included, as `isError: true`)."""

@@ -100,6 +100,9 @@ class Fleet:
     async def tools(self) -> list[ToolDef]:
         return await self.lister.tools()
 
+    def tools_known(self) -> list[ToolDef] | None:
+        return self.lister.tools_known()
+
     async def surface(self, kind: str) -> list[dict[str, Any]]:
         return await self.lister.surface(kind)
 

@@ -456,6 +456,12 @@ class ToolServer:
                 self._set_tools(await self.dialect.list_tools(conn, self.tag))
         return self._tools or []
 
+    def tools_known(self) -> list[ToolDef] | None:
+        declared = self.dialect.declared
+        if declared is not None:
+            return declared
+        return self._tools if self._conn is not None else None
+
     async def surface(self, kind: str) -> list[dict[str, Any]]:
         """The child's resources, templates or prompts (cached until it says they changed, or a new child runs);
         none for a protocol without them."""

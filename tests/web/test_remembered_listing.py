@@ -7,6 +7,7 @@ remembered answer never reaches another client; and that a reload makes it anew.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,6 +35,8 @@ META: Final = {"io.modelcontextprotocol/protocolVersion": VERSION, "io.modelcont
 # Ids of each JSON type a request may carry, including ones whose text needs escaping.
 IDS: Final = [7, 0, -3, 2**62, "x", "", 'q"\\é\u2028', None]
 SSE_HEAD: Final = b"event: message\ndata: "
+# Bound on waiting for a child's changed tool list to show.
+CHANGE_DEADLINE: Final = 10.0
 
 
 class Lister:
@@ -66,6 +69,14 @@ class Lister:
         async with await self.client.post("/mcp", data=json.dumps(body), headers=headers) as response:
             assert response.status == status, await response.text()
             return await response.read()
+
+    async def call_tool(self, who: str, name: str) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.tokens[who]}", "Content-Type": "application/json",
+                   "Mcp-Session-Id": await self._session(who)}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": {}}}
+        async with await self.client.post("/mcp", data=json.dumps(body), headers=headers) as response:
+            answer: dict[str, Any] = await response.json()
+            return answer
 
     async def message(self, who: str, request_id: Any, *, sse: bool = False, modern: bool = False,
                       cursor: str | None = None) -> dict[str, Any]:
@@ -170,3 +181,19 @@ async def test_remembered_pages_are_the_fresh_encoding_and_walk_the_whole_list(t
             # Another client's cursor is not this one's: the page kept for "all" is not given to "some".
             refused = await listing.raw("some", 6, modern=modern, cursor=cursor, status=400 if modern else 200)
             assert json.loads(refused)["error"]["code"] == -32602
+
+
+async def test_a_childs_changed_tool_list_is_listed_next(tmp_path: Path) -> None:
+    # An MCP child lists its own tools, and says when they change (faultsrv's change_tools adds `extra`).
+    tokens = write_config(tmp_path, {"live": python_command(str(FAULTSRV), "--mcp")},
+                          '[roles.all]\nallow = ["live.*"]\n', {"all": ["all"]})
+    async with running_stack(tmp_path, audit_path="") as (client, _state):
+        listing = Lister(client, tokens)
+        before = names(await listing.message("all", 1))
+        assert "live__echo" in before and "live__extra" not in before
+        assert names(await listing.message("all", 2, modern=True)) == before
+        assert "result" in await listing.call_tool("all", "live__change_tools")
+        deadline = time.monotonic() + CHANGE_DEADLINE
+        while "live__extra" not in (after := names(await listing.message("all", 3))):
+            assert time.monotonic() < deadline, after
+        assert "live__extra" in names(await listing.message("all", 4, sse=True, modern=True))
