@@ -17,7 +17,14 @@ from typing import Any, ClassVar
 
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import CallTimedOut, GatewayError, ToolFailed, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import (
+    CallTimedOut,
+    GatewayError,
+    InputNotRelayed,
+    ToolFailed,
+    ToolServerUnavailable,
+    UpstreamError,
+)
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
@@ -235,25 +242,25 @@ class McpDialect(Dialect):
             "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
             cancel_on_timeout=True, caller=how.caller,
         ))
-        return await self._answered(conn, params, result, timeout, how)
+        return await self._answered(conn, "tools/call", params, result, timeout, how)
 
-    async def _answered(self, conn: Connection, params: dict[str, Any], result: Any, timeout: float,
+    async def _answered(self, conn: Connection, method: str, params: dict[str, Any], result: Any, timeout: float,
                         how: Delivery) -> Any:
         """A modern child's input-required results put to a legacy caller that can be asked on its stream (relay.py
-        `RelayCaller.put`), and retried with the answers until the child answers otherwise (at most
-        MAX_INPUT_ROUNDS rounds, all within the call's timeout); any other result as it is."""
-        if not self.modern:
+        `RelayCaller.put`), and the request retried with the answers until the child answers otherwise (at most
+        MAX_INPUT_ROUNDS rounds, all within the call's timeout); a caller nobody can ask (answered as plain JSON)
+        gets an error, never a result of an era it does not speak. A modern caller answers them itself (web/modern.py);
+        any other result is as it is."""
+        if not self.modern or how.resume is not None or (requests := _asked(result)) is None:
             return result  # a legacy child asks its own questions (on_request): nothing more to do
         put = getattr(how.caller, "put", None)
-        if put is None or how.resume is not None:
-            return result
+        if put is None:
+            if how.caller is not None:
+                return result  # a modern caller's to answer
+            raise InputNotRelayed(self.name, requests)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         for _ in range(MAX_INPUT_ROUNDS):
-            requests = result.get("inputRequests") if isinstance(result, dict) and \
-                result.get("resultType") == "input_required" else None
-            if not isinstance(requests, dict):
-                break
             try:
                 async with asyncio.timeout_at(deadline):
                     answers = await put(self.name, self.config.relay, requests)
@@ -266,9 +273,11 @@ class McpDialect(Dialect):
             retry["_meta"] = {key: value for key, value in (params.get("_meta") or {}).items()
                               if key not in (ENVELOPE_VERSION, ENVELOPE_CAPABILITIES, ENVELOPE_CLIENT)}
             result = self._result(await conn.call(
-                "tools/call", self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
+                method, self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
                 on_event=how.on_event, request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller,
             ))
+            if (requests := _asked(result)) is None:
+                break
         return result
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
@@ -338,8 +347,10 @@ class McpDialect(Dialect):
             sent["_meta"] = meta
         # The caller goes along: a child may ask it something during any request (a task's questions come during
         # `tasks/result`, related to the task), and the relay decides as for a tool call.
-        return self._result(await conn.call(method, self._params(sent, how), timeout=timeout, on_event=how.on_event,
-                                            request_id=call_id, cancel_on_timeout=True, caller=how.caller))
+        result = self._result(await conn.call(method, self._params(sent, how), timeout=timeout,
+                                              on_event=how.on_event, request_id=call_id, cancel_on_timeout=True,
+                                              caller=how.caller))
+        return await self._answered(conn, method, sent, result, timeout, how)
 
 
 class JsonRpcDialect(Dialect):
@@ -397,6 +408,14 @@ def _meta(how: Delivery, call_id: int) -> dict[str, Any]:
     if how.progress:
         meta["progressToken"] = call_id
     return meta
+
+
+def _asked(result: Any) -> dict[str, Any] | None:
+    """The input requests of a modern child's input-required result, or None for any other result."""
+    if not isinstance(result, dict) or result.get("resultType") != "input_required":
+        return None
+    requests = result.get("inputRequests")
+    return requests if isinstance(requests, dict) else None
 
 
 def _valid_tool(item: Any) -> bool:
