@@ -234,6 +234,11 @@ def dumps(obj: Any) -> bytes:
     return _encode(obj).encode("utf-8")
 
 
+def dumps_text(obj: Any) -> str:
+    """The text `dumps` encodes."""
+    return _encode(obj)
+
+
 def result_response(request_id: JsonId, result: Any) -> dict[str, Any]:
     """A complete JSON-RPC success response."""
     return {"jsonrpc": "2.0", "id": request_id, "result": result}

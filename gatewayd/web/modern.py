@@ -36,7 +36,7 @@ from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS
 from gatewayd.state import DaemonState
 from gatewayd.surfaces import SUBSCRIBE
-from gatewayd.web import limits, sse
+from gatewayd.web import bodies, limits, sse
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def chosen(request: web.Request, message: jsonrpc.Message) -> bool:
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsonrpc.dumps(body), status=status, content_type="application/json")
+    return web.Response(body=bodies.json_body(body), status=status, content_type="application/json")
 
 
 def _error(request_id: Any, error: GatewayError) -> web.Response:
