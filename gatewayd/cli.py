@@ -459,7 +459,8 @@ def _audit_health(audit: dict[str, Any]) -> str:
 def _server_row(name: str, server: dict[str, Any]) -> tuple[str, ...]:
     uptime = server.get("uptime_s")
     # The MCP era a child was last spoken to in (`-`: not MCP, or not started yet).
-    return (name, server["state"], server.get("era") or "-", str(server.get("pid") or "-"), f"{uptime:.0f}s" if uptime is not None else "-",
+    return (name, server["state"], server.get("era") or "-", str(server.get("pid") or "-"),
+            f"{uptime:.0f}s" if uptime is not None else "-",
             str(server.get("restarts", 0)), str(server.get("in_flight", 0)), str(server.get("last_exit") or ""))
 
 
