@@ -15,16 +15,17 @@ from typing import Any
 
 import pytest
 
-from gatewayd.config.loader import Snapshot
+from gatewayd.config.loader import Snapshot, load_snapshot
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import ToolServerUnavailable
+from gatewayd.explain import explain
 from gatewayd.upstream.api import Delivery
 from gatewayd.upstream.dialects import DISCOVER, DISCOVER_TIMEOUT, MODERN_VERSION
 from gatewayd.upstream.eras import Eras
 from gatewayd.upstream.fleet import Fleet
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import ToolServer
-from tests.daemon import FAULTSRV, REPO
+from tests.daemon import FAULTSRV, REPO, faultsrv_command, write_config
 
 MODERNSRV = REPO / "tests" / "fixtures" / "modernsrv.py"
 # A start without the probe's wait: a python child's start and handshake, with room for a loaded 2-core machine.
@@ -165,3 +166,12 @@ def test_remembered_eras_are_bounded_oldest_forgotten_first() -> None:
     assert len(eras) == 2 and eras.get("b") is None and eras.get("a") == "legacy" and eras.get("c") == MODERN_VERSION
     eras.forget("a")
     assert eras.get("a") is None
+
+
+def test_explain_says_a_server_s_era_is_fixed(tmp_path: Path) -> None:
+    write_config(tmp_path, {"old": faultsrv_command("--mcp") + '\nera = "legacy"\n', "any": faultsrv_command("--mcp")},
+                 '[roles.r]\nallow = ["old.*", "any.*"]\n', {"c": ["r"]})
+    snapshot = load_snapshot(tmp_path)
+    assert '  spoken to in the legacy era without a server/discover probe (era = "legacy")' in explain(
+        snapshot, "c", "old.echo", None)
+    assert not any("server/discover" in line for line in explain(snapshot, "c", "any.echo", None))
