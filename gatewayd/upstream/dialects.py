@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
@@ -27,6 +27,7 @@ from gatewayd.errors import (
 )
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
+from gatewayd.upstream.eras import Eras, Found
 from gatewayd.upstream.peer import default_reply
 
 logger = logging.getLogger(__name__)
@@ -36,11 +37,12 @@ logger = logging.getLogger(__name__)
 UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
 # The stateless era (2026-07-28): a child that answers `server/discover` listing it is spoken to in it, every request
 # carrying the `_meta` envelope; any other answer, error or silence is the legacy era (basic/transports/stdio.mdx).
-MODERN_VERSION = "2026-07-28"
+MODERN_VERSION: Final = "2026-07-28"
 DISCOVER = "server/discover"
 # How long the era probe waits before falling back to `initialize`: a legacy child answers an unknown method at once,
-# one that ignores it must not hold its start-up long.
+# one that ignores it must not hold its start-up long (and, found legacy, is not probed again: eras.py).
 DISCOVER_TIMEOUT = 5.0
+LEGACY: Found = "legacy"
 ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"
 ENVELOPE_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 ENVELOPE_CLIENT = "io.modelcontextprotocol/clientInfo"
@@ -74,13 +76,22 @@ class Dialect(abc.ABC):
     # server lists none, and nothing is ever routed to it.
     offers_surfaces: ClassVar[bool] = False
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
         self.name = name
         self.config = config
         # Who the child's requests outside any call go to: the session of a per-session child (fleet.py), else nobody.
         self.owner = owner
         # Whether the child ever asked for roots: only then is it told they changed.
         self.asked_roots = False
+        # What the era probe found for this server's program (eras.py), shared by every child of the same config.
+        self.eras = eras if eras is not None else Eras()
+        self.era_key = era_key or name
+
+    @property
+    def era(self) -> str | None:
+        """The MCP era the child was last spoken to in (`gatewayctl status`); None for a protocol without eras."""
+        return None
 
     @property
     @abc.abstractmethod
@@ -141,33 +152,67 @@ class Dialect(abc.ABC):
 
 
 class McpDialect(Dialect):
-    """An MCP server over stdio, of either era: probed with `server/discover`, a modern child (2026-07-28) gets the
-    `_meta` envelope on every request and its results' `resultType` read (an input-required result goes to the
-    caller, its retry back); a legacy one gets `initialize`. Then `tools/list` (paged), every call a `tools/call`."""
+    """An MCP server over stdio, of either era (its tools.d `era`): probed with `server/discover` (once per config,
+    eras.py), a modern child (2026-07-28) gets the `_meta` envelope on every request and its results' `resultType`
+    read (an input-required result goes to the caller, its retry back); a legacy one gets `initialize`. Then
+    `tools/list` (paged), every call a `tools/call`."""
 
     protocol = "mcp"
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
-        super().__init__(name, config, owner)
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
+        super().__init__(name, config, owner, eras, era_key)
         # Whether the child speaks the stateless era; decided by each start's handshake.
         self.modern = False
+        # Whether a handshake has decided the era yet (before, status shows none).
+        self._spoken = False
 
     @property
     def declared(self) -> list[ToolDef] | None:
         return None
 
-    async def _discover(self, conn: Connection, tag: str) -> bool:
-        """Whether the child serves MCP 2026-07-28 per request: its `server/discover` lists that version."""
+    @property
+    def era(self) -> str | None:
+        if not self._spoken:
+            return None
+        return MODERN_VERSION if self.modern else LEGACY
+
+    async def _not_modern(self, conn: Connection, tag: str, timeout: float) -> str | None:
+        """Why the child does not serve MCP 2026-07-28 per request (None: it does, its `server/discover` lists that
+        version)."""
         try:
-            result = await conn.call(DISCOVER, {"_meta": self._envelope(RELAYED_CAPABILITIES)},
-                                     timeout=min(DISCOVER_TIMEOUT, self.config.startup_timeout))
+            result = await conn.call(DISCOVER, {"_meta": self._envelope(RELAYED_CAPABILITIES)}, timeout=timeout)
         except ToolServerUnavailable:
             raise  # the child died: no era to fall back to
         except GatewayError as exc:
             logger.debug("server=%s %s: %s; legacy era", tag, DISCOVER, exc)
-            return False
+            return f"its {DISCOVER} failed: {exc.message}"
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
-        return isinstance(versions, list) and MODERN_VERSION in versions
+        if isinstance(versions, list) and MODERN_VERSION in versions:
+            return None
+        return f"its {DISCOVER} does not list {MODERN_VERSION} (supportedVersions: {versions!r:.200})"
+
+    async def _speaks_modern(self, conn: Connection, tag: str) -> bool:
+        """Whether this start speaks the stateless era, as the server's `era` says: "legacy" never probes,
+        "2026-07-28" must be answered so (else the start fails), "auto" probes unless the same config was found
+        legacy before (eras.py)."""
+        era = self.config.era
+        if era == LEGACY:
+            return False
+        if era == MODERN_VERSION:
+            why = await self._not_modern(conn, tag, self.config.startup_timeout)
+            if why is not None:
+                raise ToolServerUnavailable(
+                    f"tool server {self.name!r} does not speak MCP {MODERN_VERSION}, which its tools.d key era "
+                    f"requires: {why}; set era = \"auto\" or \"legacy\"",
+                    {"server": self.name, "key": "era", "era": era})
+            return True
+        if self.eras.get(self.era_key) == LEGACY:
+            logger.debug("server=%s found legacy before: %s skipped", tag, DISCOVER)
+            return False
+        modern = await self._not_modern(conn, tag, min(DISCOVER_TIMEOUT, self.config.startup_timeout)) is None
+        self.eras.remember(self.era_key, MODERN_VERSION if modern else LEGACY)
+        return modern
 
     def _envelope(self, capabilities: dict[str, Any]) -> dict[str, Any]:
         return {ENVELOPE_VERSION: MODERN_VERSION, ENVELOPE_CAPABILITIES: capabilities,
@@ -199,7 +244,8 @@ class McpDialect(Dialect):
 
     async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
         timeout = self.config.startup_timeout
-        self.modern = await self._discover(conn, tag)
+        self.modern = await self._speaks_modern(conn, tag)
+        self._spoken = True
         if self.modern:
             tools = await self.list_tools(conn, tag)
             logger.info("server=%s pid=%d ready: protocol %s (stateless), %d tools", tag, conn.pid, MODERN_VERSION,
@@ -218,6 +264,8 @@ class McpDialect(Dialect):
             await conn.notify("notifications/initialized")
             tools = await self.list_tools(conn, tag)
         except UpstreamError as exc:
+            # A child remembered legacy may have become modern-only: the next start probes it again.
+            self.eras.forget(self.era_key)
             raise ToolServerUnavailable(
                 f"tool server {self.name!r} refused the MCP handshake: {exc.message}", {"server": self.name}
             ) from exc
@@ -358,8 +406,9 @@ class JsonRpcDialect(Dialect):
 
     protocol = "jsonrpc"
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
-        super().__init__(name, config, owner)
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
+        super().__init__(name, config, owner, eras, era_key)
         self._declared = [ToolDef(method, declared.description, declared.input_schema)
                           for method, declared in config.methods.items()]
 

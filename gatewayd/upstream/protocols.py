@@ -10,11 +10,13 @@ from gatewayd.config.models import ServerConfig
 from gatewayd.upstream.acp import AcpDialect
 from gatewayd.upstream.api import Caller
 from gatewayd.upstream.dialects import Dialect, JsonRpcDialect, McpDialect
+from gatewayd.upstream.eras import Eras
 
 DIALECTS: dict[str, type[Dialect]] = {dialect.protocol: dialect for dialect in (McpDialect, JsonRpcDialect, AcpDialect)}
 
 
-def dialect_for(name: str, config: ServerConfig, owner: Caller | None = None) -> Dialect:
+def dialect_for(name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                era_key: str = "") -> Dialect:
     """The dialect a server's tools.d file asks for; `owner` is who a per-session child's requests outside any call
-    go to (fleet.py)."""
-    return DIALECTS[config.protocol](name, config, owner)
+    go to (fleet.py); `eras` what the era probe found for the program `era_key` names (eras.py)."""
+    return DIALECTS[config.protocol](name, config, owner, eras, era_key)
