@@ -88,6 +88,9 @@ class ConfirmationGate:
         self.max_decided = max_decided
         # …and the tasks that wait for the pending ones' decisions (this gate owns them: `close` ends them).
         self._settling: set[asyncio.Task[None]] = set()
+        # The one-use nonces of approvals carried to a call's later rounds (`_carry`), with when, oldest first; kept
+        # as long as a state is good (request_state.MAX_AGE), at most `max_decided`.
+        self._carried: collections.OrderedDict[str, float] = collections.OrderedDict()
 
     async def confirm(self, call: Call, options: ConfirmOptions) -> None:
         """Return once a person approved the call; raise if they deny it, nobody answers, or the caller goes.
@@ -95,10 +98,13 @@ class ConfirmationGate:
         A call an operator allowed again (same client, method and arguments, within the time they gave) is
         approved without asking.
         """
+        asker = call.ctx.asker
+        if isinstance(asker, modern.Asker) and (carried := asker.carried()) is not None:
+            await self._carry(call, asker, *carried)
+            return
         if _sends_again(call.meta):
             await self._confirm_by_retry(call, options)
             return
-        asker = call.ctx.asker
         if isinstance(asker, modern.Asker) and approvals.CLIENT in options.channels \
                 and (asker.envelope.declares("elicitation") or asker.approval() is not None):
             await self._confirm_by_input(call, options, asker)
@@ -134,6 +140,24 @@ class ConfirmationGate:
                 self.approvals.withdraw(approval, "the call ended before an answer")
         await self.records.approval(call, "approval_decided", approval)
         _raise_unless_approved(approval)
+        _approved(call, approval)
+
+    async def _carry(self, call: Call, asker: modern.Asker, approval_id: str, nonce: str) -> None:
+        """The next round of a call a person approved, whose modern tool server asked its caller for input: the
+        retry's sealed state (bound to this client, method and exact arguments) carries the approval, so it runs
+        without asking again — once per state (a replayed one is refused)."""
+        now = time.monotonic()
+        while self._carried and next(iter(self._carried.values())) < now - request_state.MAX_AGE:
+            self._carried.popitem(last=False)
+        if nonce in self._carried:
+            raise InvalidParams(f"requestState carries approval {approval_id} for a round that was sent already: "
+                                "send the call without it to be asked again", {"approval_id": approval_id,
+                                                                               "reason": "used"})
+        self._carried[nonce] = now
+        while len(self._carried) > self.max_decided:
+            self._carried.popitem(last=False)
+        await self.records.approval_carried(call, approval_id)
+        asker.approved = approval_id
 
     async def _confirm_by_retry(self, call: Call, options: ConfirmOptions) -> None:
         """Return if this call's approval was given (using it up), or an operator allowed it again; else raise: the
@@ -184,6 +208,7 @@ class ConfirmationGate:
         self._forget(key)
         if approval.state is approvals.State.APPROVED:
             await self.records.approval(call, "approval_used", approval)
+            _approved(call, approval)
             return
         _raise_unless_approved(approval)
 
@@ -209,6 +234,7 @@ class ConfirmationGate:
             self._forget(key)
             self.approvals.approve_standing(approval, standing)
             await self.records.approval(call, "approval_decided", approval)
+            _approved(call, approval)
             return None
         settle = asyncio.create_task(self._settle(call, key, approval), name=f"approval {approval.id}")
         self._settling.add(settle)
@@ -358,6 +384,12 @@ def _verdict(answer: Any) -> tuple[bool, str | None]:
     if action in ("decline", "cancel"):
         return False, f"the client's user chose {action}"
     return False, "the client's user did not say yes"
+
+
+def _approved(call: Call, approval: approvals.Approval) -> None:
+    """Note on a modern caller's call which approval lets it run: a later round of it carries that (`_carry`)."""
+    if isinstance(call.ctx.asker, modern.Asker):
+        call.ctx.asker.approved = approval.id
 
 
 def _raise_unless_approved(approval: approvals.Approval) -> None:

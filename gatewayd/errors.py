@@ -145,6 +145,21 @@ class MissingClientCapability(GatewayError):
                          {"requiredCapabilities": {capability: {}}})
 
 
+class InputNotRelayed(GatewayError):
+    """A tool server of MCP 2026-07-28 answered a call with questions for its caller (an input-required result), and
+    this caller cannot be asked: its answer is plain JSON, with no event stream to put them on. The same code a
+    relayed request nobody can be asked is refused with (relay.py); `data.asks` names what the server asked."""
+
+    code = METHOD_NOT_FOUND
+    error_type = "input_not_relayed"
+
+    def __init__(self, server: str, requests: dict[str, Any]) -> None:
+        asks = sorted({str(request.get("method")) for request in requests.values() if isinstance(request, dict)})
+        super().__init__(f"tool server {server!r} asked its caller for {', '.join(asks) or 'input'}, and this call "
+                         "cannot be asked: its answer is plain JSON (send it with Accept: text/event-stream, in a "
+                         "session that declared what is asked)", {"server": server, "asks": asks})
+
+
 class UnsupportedProtocolVersion(GatewayError):
     """A 2026-07-28 request asks for a version this gateway does not serve per request; `data` lists those it does."""
 

@@ -49,6 +49,9 @@ def explain(snapshot: Snapshot, client: str, method: str, arguments: Any) -> Ite
         yield f"  during the call, {server} may ask the caller's client for: {', '.join(config.relay)}"
     if config is not None and config.isolation != "shared" and verdict.decision is not Decision.DENY:
         yield f"  runs on a child of its own for each {config.isolation} (isolation = \"{config.isolation}\")"
+    if config is not None and config.era != "auto" and verdict.decision is not Decision.DENY:
+        # Only a fixed era changes how the child starts: "auto" is every MCP server's probe, nothing to say.
+        yield f"  spoken to in the {config.era} era without a server/discover probe (era = \"{config.era}\")"
 
 
 def denied(snapshot: Snapshot, client: str, method: str, arguments: Any) -> bool:

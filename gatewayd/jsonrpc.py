@@ -248,6 +248,11 @@ def dumps(obj: Any) -> bytes:
     return _encode(obj).encode("utf-8")
 
 
+def dumps_text(obj: Any) -> str:
+    """The text `dumps` encodes."""
+    return _encode(obj)
+
+
 def _read_only(self: Encoded, *args: Any, **kwargs: Any) -> Any:
     raise TypeError("an Encoded result is answered as it was made: change a copy of it")
 

@@ -264,6 +264,18 @@ class Asker:
                 self.resume["requestState"] = child
         # The continuation the call runs as, when a legacy child's questions can be put to the caller (web/modern.py).
         self.continuation: Continuation | None = None
+        # The approval that let this call run (confirmation.py), carried in the state of a modern child's
+        # input-required result (web/modern.py) so that the call's next round is not put to a person again.
+        self.approved: str | None = None
+
+    def carried(self) -> tuple[str, str] | None:
+        """The approval (its id, and the state's one-use nonce) a retry's child state carries: the call was approved
+        in an earlier round. None otherwise."""
+        state = self.retry.state if self.retry is not None else None
+        if state is None or state.kind != request_state.CHILD:
+            return None
+        approval, nonce = state.data.get("a"), state.data.get("n")
+        return (approval, nonce) if isinstance(approval, str) and isinstance(nonce, str) else None
 
     def approval(self) -> str | None:
         """The approval a retry's state names (the confirmation gate asked), else None."""

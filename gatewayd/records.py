@@ -67,6 +67,13 @@ class Records:
             fields.update(decided_by=approval.decided_by, channel=approval.channel, reason=approval.reason)
         await self.audit.record(call.record(event, **fields), durable=True)
 
+    async def approval_carried(self, call: Call, approval_id: str) -> None:
+        """Record that a later round of an approved call runs on that approval (confirmation.py `_carry`); on disk
+        before it goes on, as a decision is."""
+        if self.audit.enabled:
+            self.unfinished(call)
+            await self.audit.record(call.record("approval_carried", approval_id=approval_id), durable=True)
+
     def outcome(self, call: Call, status: str, **fields: Any) -> None:
         """Record how a call ended, and count it."""
         seconds = time.monotonic() - call.started

@@ -6,10 +6,19 @@ errors. Does not own reading files or naming them in errors (loader.py).
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -40,6 +49,15 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _date_as_text(value: Any) -> Any:
+    """An unquoted TOML date (`era = 2026-07-28`) as the text of the version it names."""
+    return value.isoformat() if isinstance(value, datetime.date) else value
+
+
+# The MCP era an MCP child is spoken to in (dialects.py): probed at start, the legacy one, or the stateless one.
+Era = Annotated[Literal["auto", "2026-07-28", "legacy"], BeforeValidator(_date_as_text)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -68,6 +86,10 @@ class ServerConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     protocol: Literal["mcp", "jsonrpc", "acp"] = "mcp"
+    # An MCP child's era: "auto" probes with `server/discover` (once per config, dialects.py); "legacy" goes straight
+    # to `initialize` (a child that never answers an unknown request starts without the probe's wait);
+    # "2026-07-28" speaks statelessly, and a child that does not list that version fails its start.
+    era: Era = "auto"
     start: Literal["on-demand", "eager"] = "on-demand"
     idle_timeout: Duration = 600.0
     call_timeout: Duration = 30.0
@@ -115,6 +137,15 @@ class ServerConfig(_Strict):
         if self.protocol == "jsonrpc" and not self.methods:
             raise ValueError("a protocol = \"jsonrpc\" server must declare its [methods.NAME]")
         return self
+
+    @field_validator("era")
+    @classmethod
+    def _era_is_mcp(cls, value: str, info: ValidationInfo) -> str:
+        # Declared after `protocol`, so a valid protocol is known here (an invalid one is its own error).
+        protocol = info.data.get("protocol", "mcp")
+        if value != "auto" and protocol != "mcp":
+            raise ValueError(f"era = \"{value}\" applies only to a protocol = \"mcp\" server, not \"{protocol}\"")
+        return value
 
     @model_validator(mode="after")
     def _shares_fit(self) -> ServerConfig:

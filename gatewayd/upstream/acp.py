@@ -39,6 +39,7 @@ from gatewayd.errors import CallTimedOut, ToolServerUnavailable, UpstreamError
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.dialects import Dialect
+from gatewayd.upstream.eras import Eras
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +111,9 @@ class AcpDialect(Dialect):
 
     protocol = "acp"
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
-        super().__init__(name, config, owner)
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
+        super().__init__(name, config, owner, eras, era_key)
         self._tools = [ToolDef(PROMPT_TOOL, f"Tell the {name} agent something and get its answer: one turn of a "
                                "conversation that goes on with the sessionId the result gives.", PROMPT_SCHEMA)]
         # The client each session the agent handed out belongs to, oldest first.

@@ -13,13 +13,21 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import CallTimedOut, GatewayError, ToolFailed, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import (
+    CallTimedOut,
+    GatewayError,
+    InputNotRelayed,
+    ToolFailed,
+    ToolServerUnavailable,
+    UpstreamError,
+)
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
+from gatewayd.upstream.eras import Eras, Found
 from gatewayd.upstream.peer import default_reply
 
 logger = logging.getLogger(__name__)
@@ -29,11 +37,12 @@ logger = logging.getLogger(__name__)
 UPSTREAM_PROTOCOL_VERSION = "2025-11-25"
 # The stateless era (2026-07-28): a child that answers `server/discover` listing it is spoken to in it, every request
 # carrying the `_meta` envelope; any other answer, error or silence is the legacy era (basic/transports/stdio.mdx).
-MODERN_VERSION = "2026-07-28"
+MODERN_VERSION: Final = "2026-07-28"
 DISCOVER = "server/discover"
 # How long the era probe waits before falling back to `initialize`: a legacy child answers an unknown method at once,
-# one that ignores it must not hold its start-up long.
+# one that ignores it must not hold its start-up long (and, found legacy, is not probed again: eras.py).
 DISCOVER_TIMEOUT = 5.0
+LEGACY: Found = "legacy"
 ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"
 ENVELOPE_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 ENVELOPE_CLIENT = "io.modelcontextprotocol/clientInfo"
@@ -67,13 +76,22 @@ class Dialect(abc.ABC):
     # server lists none, and nothing is ever routed to it.
     offers_surfaces: ClassVar[bool] = False
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
         self.name = name
         self.config = config
         # Who the child's requests outside any call go to: the session of a per-session child (fleet.py), else nobody.
         self.owner = owner
         # Whether the child ever asked for roots: only then is it told they changed.
         self.asked_roots = False
+        # What the era probe found for this server's program (eras.py), shared by every child of the same config.
+        self.eras = eras if eras is not None else Eras()
+        self.era_key = era_key or name
+
+    @property
+    def era(self) -> str | None:
+        """The MCP era the child was last spoken to in (`gatewayctl status`); None for a protocol without eras."""
+        return None
 
     @property
     @abc.abstractmethod
@@ -134,33 +152,67 @@ class Dialect(abc.ABC):
 
 
 class McpDialect(Dialect):
-    """An MCP server over stdio, of either era: probed with `server/discover`, a modern child (2026-07-28) gets the
-    `_meta` envelope on every request and its results' `resultType` read (an input-required result goes to the
-    caller, its retry back); a legacy one gets `initialize`. Then `tools/list` (paged), every call a `tools/call`."""
+    """An MCP server over stdio, of either era (its tools.d `era`): probed with `server/discover` (once per config,
+    eras.py), a modern child (2026-07-28) gets the `_meta` envelope on every request and its results' `resultType`
+    read (an input-required result goes to the caller, its retry back); a legacy one gets `initialize`. Then
+    `tools/list` (paged), every call a `tools/call`."""
 
     protocol = "mcp"
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
-        super().__init__(name, config, owner)
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
+        super().__init__(name, config, owner, eras, era_key)
         # Whether the child speaks the stateless era; decided by each start's handshake.
         self.modern = False
+        # Whether a handshake has decided the era yet (before, status shows none).
+        self._spoken = False
 
     @property
     def declared(self) -> list[ToolDef] | None:
         return None
 
-    async def _discover(self, conn: Connection, tag: str) -> bool:
-        """Whether the child serves MCP 2026-07-28 per request: its `server/discover` lists that version."""
+    @property
+    def era(self) -> str | None:
+        if not self._spoken:
+            return None
+        return MODERN_VERSION if self.modern else LEGACY
+
+    async def _not_modern(self, conn: Connection, tag: str, timeout: float) -> str | None:
+        """Why the child does not serve MCP 2026-07-28 per request (None: it does, its `server/discover` lists that
+        version)."""
         try:
-            result = await conn.call(DISCOVER, {"_meta": self._envelope(RELAYED_CAPABILITIES)},
-                                     timeout=min(DISCOVER_TIMEOUT, self.config.startup_timeout))
+            result = await conn.call(DISCOVER, {"_meta": self._envelope(RELAYED_CAPABILITIES)}, timeout=timeout)
         except ToolServerUnavailable:
             raise  # the child died: no era to fall back to
         except GatewayError as exc:
             logger.debug("server=%s %s: %s; legacy era", tag, DISCOVER, exc)
-            return False
+            return f"its {DISCOVER} failed: {exc.message}"
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
-        return isinstance(versions, list) and MODERN_VERSION in versions
+        if isinstance(versions, list) and MODERN_VERSION in versions:
+            return None
+        return f"its {DISCOVER} does not list {MODERN_VERSION} (supportedVersions: {versions!r:.200})"
+
+    async def _speaks_modern(self, conn: Connection, tag: str) -> bool:
+        """Whether this start speaks the stateless era, as the server's `era` says: "legacy" never probes,
+        "2026-07-28" must be answered so (else the start fails), "auto" probes unless the same config was found
+        legacy before (eras.py)."""
+        era = self.config.era
+        if era == LEGACY:
+            return False
+        if era == MODERN_VERSION:
+            why = await self._not_modern(conn, tag, self.config.startup_timeout)
+            if why is not None:
+                raise ToolServerUnavailable(
+                    f"tool server {self.name!r} does not speak MCP {MODERN_VERSION}, which its tools.d key era "
+                    f"requires: {why}; set era = \"auto\" or \"legacy\"",
+                    {"server": self.name, "key": "era", "era": era})
+            return True
+        if self.eras.get(self.era_key) == LEGACY:
+            logger.debug("server=%s found legacy before: %s skipped", tag, DISCOVER)
+            return False
+        modern = await self._not_modern(conn, tag, min(DISCOVER_TIMEOUT, self.config.startup_timeout)) is None
+        self.eras.remember(self.era_key, MODERN_VERSION if modern else LEGACY)
+        return modern
 
     def _envelope(self, capabilities: dict[str, Any]) -> dict[str, Any]:
         return {ENVELOPE_VERSION: MODERN_VERSION, ENVELOPE_CAPABILITIES: capabilities,
@@ -192,7 +244,8 @@ class McpDialect(Dialect):
 
     async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
         timeout = self.config.startup_timeout
-        self.modern = await self._discover(conn, tag)
+        self.modern = await self._speaks_modern(conn, tag)
+        self._spoken = True
         if self.modern:
             tools = await self.list_tools(conn, tag)
             logger.info("server=%s pid=%d ready: protocol %s (stateless), %d tools", tag, conn.pid, MODERN_VERSION,
@@ -211,6 +264,8 @@ class McpDialect(Dialect):
             await conn.notify("notifications/initialized")
             tools = await self.list_tools(conn, tag)
         except UpstreamError as exc:
+            # A child remembered legacy may have become modern-only: the next start probes it again.
+            self.eras.forget(self.era_key)
             raise ToolServerUnavailable(
                 f"tool server {self.name!r} refused the MCP handshake: {exc.message}", {"server": self.name}
             ) from exc
@@ -235,25 +290,25 @@ class McpDialect(Dialect):
             "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
             cancel_on_timeout=True, caller=how.caller,
         ))
-        return await self._answered(conn, params, result, timeout, how)
+        return await self._answered(conn, "tools/call", params, result, timeout, how)
 
-    async def _answered(self, conn: Connection, params: dict[str, Any], result: Any, timeout: float,
+    async def _answered(self, conn: Connection, method: str, params: dict[str, Any], result: Any, timeout: float,
                         how: Delivery) -> Any:
         """A modern child's input-required results put to a legacy caller that can be asked on its stream (relay.py
-        `RelayCaller.put`), and retried with the answers until the child answers otherwise (at most
-        MAX_INPUT_ROUNDS rounds, all within the call's timeout); any other result as it is."""
-        if not self.modern:
+        `RelayCaller.put`), and the request retried with the answers until the child answers otherwise (at most
+        MAX_INPUT_ROUNDS rounds, all within the call's timeout); a caller nobody can ask (answered as plain JSON)
+        gets an error, never a result of an era it does not speak. A modern caller answers them itself (web/modern.py);
+        any other result is as it is."""
+        if not self.modern or how.resume is not None or (requests := _asked(result)) is None:
             return result  # a legacy child asks its own questions (on_request): nothing more to do
         put = getattr(how.caller, "put", None)
-        if put is None or how.resume is not None:
-            return result
+        if put is None:
+            if how.caller is not None:
+                return result  # a modern caller's to answer
+            raise InputNotRelayed(self.name, requests)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         for _ in range(MAX_INPUT_ROUNDS):
-            requests = result.get("inputRequests") if isinstance(result, dict) and \
-                result.get("resultType") == "input_required" else None
-            if not isinstance(requests, dict):
-                break
             try:
                 async with asyncio.timeout_at(deadline):
                     answers = await put(self.name, self.config.relay, requests)
@@ -266,9 +321,11 @@ class McpDialect(Dialect):
             retry["_meta"] = {key: value for key, value in (params.get("_meta") or {}).items()
                               if key not in (ENVELOPE_VERSION, ENVELOPE_CAPABILITIES, ENVELOPE_CLIENT)}
             result = self._result(await conn.call(
-                "tools/call", self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
+                method, self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
                 on_event=how.on_event, request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller,
             ))
+            if (requests := _asked(result)) is None:
+                break
         return result
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
@@ -338,8 +395,10 @@ class McpDialect(Dialect):
             sent["_meta"] = meta
         # The caller goes along: a child may ask it something during any request (a task's questions come during
         # `tasks/result`, related to the task), and the relay decides as for a tool call.
-        return self._result(await conn.call(method, self._params(sent, how), timeout=timeout, on_event=how.on_event,
-                                            request_id=call_id, cancel_on_timeout=True, caller=how.caller))
+        result = self._result(await conn.call(method, self._params(sent, how), timeout=timeout,
+                                              on_event=how.on_event, request_id=call_id, cancel_on_timeout=True,
+                                              caller=how.caller))
+        return await self._answered(conn, method, sent, result, timeout, how)
 
 
 class JsonRpcDialect(Dialect):
@@ -347,8 +406,9 @@ class JsonRpcDialect(Dialect):
 
     protocol = "jsonrpc"
 
-    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None) -> None:
-        super().__init__(name, config, owner)
+    def __init__(self, name: str, config: ServerConfig, owner: Caller | None = None, eras: Eras | None = None,
+                 era_key: str = "") -> None:
+        super().__init__(name, config, owner, eras, era_key)
         self._declared = [ToolDef(method, declared.description, declared.input_schema)
                           for method, declared in config.methods.items()]
 
@@ -397,6 +457,14 @@ def _meta(how: Delivery, call_id: int) -> dict[str, Any]:
     if how.progress:
         meta["progressToken"] = call_id
     return meta
+
+
+def _asked(result: Any) -> dict[str, Any] | None:
+    """The input requests of a modern child's input-required result, or None for any other result."""
+    if not isinstance(result, dict) or result.get("resultType") != "input_required":
+        return None
+    requests = result.get("inputRequests")
+    return requests if isinstance(requests, dict) else None
 
 
 def _valid_tool(item: Any) -> bool:

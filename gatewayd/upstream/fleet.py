@@ -28,6 +28,7 @@ from gatewayd.config.models import ServerConfig
 from gatewayd.errors import InvalidRequest, Overloaded, ToolServerUnavailable
 from gatewayd.sessions import SESSION_ID_SHOWN
 from gatewayd.upstream.api import ANYONE, Delivery, ToolDef
+from gatewayd.upstream.eras import Eras
 from gatewayd.upstream.server import State, ToolServer
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Fleet:
         on_tools_changed: Callable[[str], None] | None = None,
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
+        eras: Eras | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -75,7 +77,10 @@ class Fleet:
         self._generation = generation
         self._on_tools_changed = on_tools_changed
         self._on_surface_event = on_surface_event
-        self.lister = ToolServer(name, config, config_dir, on_tools_changed, generation, on_surface_event)
+        # Every child runs the same program: the era the first one's probe found serves them all (eras.py).
+        self._eras = eras if eras is not None else Eras()
+        self.lister = ToolServer(name, config, config_dir, on_tools_changed, generation, on_surface_event,
+                                 eras=self._eras)
         self.prefix = self.lister.prefix
         self.tag = self.lister.tag
         # Children by owner key, the client each belongs to, and how to stop listening for a session's end.
@@ -159,7 +164,7 @@ class Fleet:
         shown = key[:SESSION_ID_SHOWN] if self.isolation == "session" else key
         # What clients are shown is the lister's: an owner's child says only what concerns its own calls.
         child = ToolServer(self.name, self.config, self.config_dir, None, self._generation, self._owner_event,
-                           owner=delivery.owner, tag=f" {self.isolation}={shown}", private=True)
+                           owner=delivery.owner, tag=f" {self.isolation}={shown}", private=True, eras=self._eras)
         self._children[key] = child
         self._clients[key] = client
         if self.isolation == "session" and delivery.session is not None:

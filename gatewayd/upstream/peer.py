@@ -118,7 +118,12 @@ def parse_line(line: bytes) -> Any:
     """A line of the child's stdout as JSON. Raises NonFinite for a number JSON cannot carry (the gateway could
     not send it on), or ValueError for anything else that is not JSON."""
     # As json.loads takes bytes: UTF-8, and a surrogate's three bytes pass through as that surrogate.
-    return _decoder.decode(line.decode("utf-8", "surrogatepass"))
+    return parse_text(line.decode("utf-8", "surrogatepass"))
+
+
+def parse_text(text: str) -> Any:
+    """A line of the child's stdout, decoded as `parse_line` decodes it, as JSON (raising as `parse_line` does)."""
+    return _decoder.decode(text)
 
 
 class _Bucket:
@@ -377,20 +382,23 @@ class Peer:
         """Whole stdout lines as they arrive, handled in the pipe's own callback."""
         if self._on_activity is not None:
             self._on_activity()
-        for line in lines:
+        for index, line in enumerate(lines):
+            # Only the text is kept while it is parsed: a large answer is not held as its bytes too.
+            text = line.decode("utf-8", "surrogatepass")
+            lines[index] = line = b""
             try:
-                self._handle_line(line)
+                self._handle_line(text)
             except Exception:  # a bug must not end the pipe, and with it every later answer of the child
                 logger.exception("server=%s pid=%d stdout line not handled", self.tag, self._process.pid)
 
-    def _handle_line(self, line: bytes) -> None:
+    def _handle_line(self, text: str) -> None:
         try:
-            message = parse_line(line)
+            message = parse_text(text)
         except NonFinite:
-            self._non_finite(line)
+            self._non_finite(text)
             return
         except ValueError:
-            logger.warning("server=%s pid=%d stdout is not JSON, dropped: %.200r", self.tag, self._process.pid, line)
+            logger.warning("server=%s pid=%d stdout is not JSON, dropped: %.200r", self.tag, self._process.pid, text)
             return
         if not isinstance(message, dict):
             logger.warning("server=%s pid=%d stdout message is not an object, dropped", self.tag, self._process.pid)
@@ -413,7 +421,7 @@ class Peer:
         pending.future.set_exception(unavailable(
             self.name, f"answered {pending.method} with a line over {MAX_LINE_BYTES} bytes", retryable=False))
 
-    def _non_finite(self, line: bytes) -> None:
+    def _non_finite(self, line: str) -> None:
         """A line with a number JSON cannot carry: if it answers a pending call, that call fails now (it could not
         be sent on, and waiting for its timeout would not change that); otherwise it is dropped."""
         pid = self._process.pid

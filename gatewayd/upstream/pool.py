@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gatewayd.config.loader import Snapshot
+from gatewayd.upstream.eras import Eras
 from gatewayd.upstream.fleet import ChildBudget, Fleet
 from gatewayd.upstream.server import ToolServer
 
@@ -56,6 +57,8 @@ class Pool:
         self._on_child_up = on_child_up
         # Shared by every generation's per-client and per-session children.
         self.budget = ChildBudget(max_isolated_children)
+        # What the era probe found for each server's program, kept across restarts, children and reloads (eras.py).
+        self.eras = Eras()
         # Retired servers and the task draining each; owned here so shutdown can stop them too.
         self._retiring: dict[Server, asyncio.Task[None]] = {}
         self._starting: set[asyncio.Task[None]] = set()
@@ -76,11 +79,11 @@ class Pool:
                 continue
             if config.isolation == "shared":
                 servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
-                                          self._on_surface_event, self._on_child_up)
+                                          self._on_surface_event, self._on_child_up, eras=self.eras)
             else:
                 # An owner's subscriptions live and end with its own child: nothing to renew on a new one.
                 servers[name] = Fleet(name, config, snapshot.config_dir, self.budget, self._on_tools_changed,
-                                      generation, self._on_surface_event)
+                                      generation, self._on_surface_event, self.eras)
             (diff.changed if old is not None else diff.added).append(name)
         diff.removed.extend(name for name in previous if name not in servers)
         return servers, diff

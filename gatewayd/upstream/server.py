@@ -32,6 +32,7 @@ from gatewayd.errors import (
 )
 from gatewayd.upstream.api import ANYONE, Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
+from gatewayd.upstream.eras import Eras, era_key
 from gatewayd.upstream.protocols import dialect_for
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class ToolServer:
         owner: Caller | None = None,
         tag: str = "",
         private: bool = False,
+        eras: Eras | None = None,
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
@@ -85,8 +87,10 @@ class ToolServer:
         self.tag = f"{name} gen={generation}{tag}"
         self.config = config
         self.prefix = exposed_prefix(name, config)
-        # `owner`: who the child's requests outside any call go to (a per-session child's session, fleet.py).
-        self.dialect = dialect_for(name, config, owner)
+        self._cwd = str(config_dir / config.cwd) if config.cwd else None
+        # `owner`: who the child's requests outside any call go to (a per-session child's session, fleet.py); `eras`:
+        # what the era probe found, shared with every server of the same program (the pool's; else this one's own).
+        self.dialect = dialect_for(name, config, owner, eras, era_key(name, config.argv, config.env, self._cwd))
         # One client's own child (fleet.py): its stderr's last lines reach that client when it dies during a call.
         self._private = private
         self.config_dir = config_dir
@@ -182,7 +186,7 @@ class ToolServer:
             self.name,
             self.config.argv,
             env=self.config.env,
-            cwd=str(self.config_dir / self.config.cwd) if self.config.cwd else None,
+            cwd=self._cwd,
             on_notification=self._on_notification,
             # Bound to this very connection: a request is relayed by the calls pending on the child that sent it.
             on_request=lambda message: self.dialect.on_request(message, conn),
@@ -490,6 +494,7 @@ class ToolServer:
             "state": str(self.state),
             "pid": self.pid,
             "protocol": self.dialect.protocol,
+            "era": self.dialect.era,
             "in_flight": self._active,
             "waiting": self._waiting,
             "restarts": self.restarts,

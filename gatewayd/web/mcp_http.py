@@ -26,7 +26,7 @@ from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session
 from gatewayd.state import DaemonState
-from gatewayd.web import limits, modern, sse
+from gatewayd.web import bodies, limits, modern, sse
 from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def _session_for(request: web.Request, principal: Principal, *, required: bool) 
 
 def _json(body: Any, status: int = 200, session: Session | None = None) -> web.Response:
     headers = {SESSION_HEADER: session.id} if session is not None else None
-    return web.Response(body=jsonrpc.dumps(body), status=status, content_type="application/json", headers=headers)
+    return web.Response(body=bodies.json_body(body), status=status, content_type="application/json", headers=headers)
 
 
 def _body_error(error: GatewayError) -> web.Response:

@@ -16,6 +16,7 @@ import base64
 import binascii
 import dataclasses
 import logging
+import secrets
 from typing import Any, Final
 
 from aiohttp import web
@@ -35,7 +36,7 @@ from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS
 from gatewayd.state import DaemonState
 from gatewayd.surfaces import SUBSCRIBE
-from gatewayd.web import limits, sse
+from gatewayd.web import bodies, limits, sse
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ B64_START, B64_END = "=?base64?", "?="
 STATUS: Final = {-32700: 400, -32600: 400, -32602: 400, -32020: 400, -32021: 400, -32022: 400, -32601: 404}
 ROUTING_HEADERS: Final = (VERSION_HEADER, METHOD_HEADER, NAME_HEADER)
 SERVER_INFO: Final = {"name": "gatewayd", "version": __version__}
+# The one-use nonce a state carrying an approval holds (confirmation.py `_carry`): 96 bits, never guessed.
+NONCE_BYTES: Final = 12
 
 
 def chosen(request: web.Request, message: jsonrpc.Message) -> bool:
@@ -67,7 +70,7 @@ def chosen(request: web.Request, message: jsonrpc.Message) -> bool:
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=jsonrpc.dumps(body), status=status, content_type="application/json")
+    return web.Response(body=bodies.json_body(body), status=status, content_type="application/json")
 
 
 def _error(request_id: Any, error: GatewayError) -> web.Response:
@@ -218,6 +221,10 @@ def _sealed(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, resu
         kind, data = said.kind, said.data
     else:
         kind, data = request_state.CHILD, ({"s": said} if isinstance(said, str) else {})
+        approved = ctx.asker.approved if isinstance(ctx.asker, modern.Asker) else None
+        if approved is not None:
+            # The call was approved: its retry runs without asking again, once (confirmation.py `_carry`).
+            data.update(a=approved, n=secrets.token_urlsafe(NONCE_BYTES))
     bound = request_state.binding(ctx.principal.name, message.method, message.params)
     return {**result, "requestState": state.request_states.seal(kind, bound, data)}
 

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from gatewayd import jsonrpc
 from gatewayd.deadlines import Deadlines
+from gatewayd.web import bodies
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def event(message: dict[str, Any]) -> bytes:
 
 def whole(message: dict[str, Any], headers: dict[str, str]) -> web.Response:
     """A stream of one event, sent as one body with a length: an answer that is ready at once."""
-    return web.Response(body=event(message), headers={**HEADERS, **headers})
+    return web.Response(body=bodies.sse_body(message), headers={**HEADERS, **headers})
 
 
 class CallStream:
@@ -99,13 +100,13 @@ class CallStream:
         self._finished = True
         self._timer.cancel()
         if self._pump is None:
-            return web.Response(body=event(message), headers=self._headers)  # nothing was streamed: one body
+            return web.Response(body=bodies.sse_body(message), headers=self._headers)  # nothing was streamed: one body
         self._wake.set()
         await self._pump
         assert self._response is not None
         if not self.broken:
             try:
-                await self._response.write(event(message))
+                await bodies.write_event(self._response, message)
             except ConnectionError:
                 self.broken = True
         return self._response

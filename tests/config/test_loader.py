@@ -191,3 +191,20 @@ def test_a_prefix_outside_the_tool_name_alphabet_is_an_error(tmp_path: Path) -> 
     with pytest.raises(ConfigInvalid) as invalid:
         load_snapshot(tmp_path)
     assert invalid.value.errors[0].key == "prefix"
+
+
+def test_era_is_read_and_a_bad_value_names_file_and_key(tmp_path: Path) -> None:
+    write_config(tmp_path, {"a": 'command = ["true"]\n', "b": 'command = ["true"]\nera = "legacy"\n',
+                            "c": 'command = ["true"]\nera = 2026-07-28\n'})  # an unquoted TOML date is that version
+    servers = load_snapshot(tmp_path).servers
+    assert (servers["a"].era, servers["b"].era, servers["c"].era) == ("auto", "legacy", "2026-07-28")
+    write_config(tmp_path, {"b": 'command = ["true"]\nera = "2025-11-25"\n'})
+    (message,) = errors_of(tmp_path)
+    assert message.startswith(f"{tmp_path / 'tools.d' / 'b.toml'}:2 [era]: ")
+    assert "'auto', '2026-07-28' or 'legacy'" in message
+
+
+def test_era_is_refused_on_a_server_that_is_not_mcp(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": 'era = "legacy"\n' + CALC})
+    (message,) = errors_of(tmp_path)
+    assert "calc.toml:1 [era]" in message and 'only to a protocol = "mcp" server, not "jsonrpc"' in message

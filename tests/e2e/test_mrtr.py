@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
 import httpx2
 import pytest
 import pytest_asyncio
@@ -47,6 +48,7 @@ MODERN_CHILD: Final = REPO / "tests" / "fixtures" / "modernsrv.py"
 CONFIRM_DENIED: Final = -32015
 CONFIRM_EXPIRED: Final = -32016
 INVALID_PARAMS: Final = -32602
+METHOD_NOT_FOUND: Final = -32601
 GATE_KEY: Final = "io.gatewayd/approval"
 # Operators answer within this (an approval's timeout); `hasty`'s role gives a person one second.
 ROLES: Final = """
@@ -65,6 +67,14 @@ confirm = ["calc.add"]
 [roles.hasty.confirmation."calc.add"]
 channels = ["client"]
 timeout = "1s"
+
+[roles.careful]
+allow = ["modern.*"]
+confirm = ["modern.multi_round"]
+
+[roles.careful.confirmation."modern.multi_round"]
+channels = ["client", "web"]
+timeout = "60s"
 """
 CAPS: Final[dict[str, Any]] = {"elicitation": {"form": {}}, "sampling": {}, "roots": {}}
 
@@ -76,10 +86,14 @@ class Gateway:
     user: str
     other: str
     hasty: str
+    careful: str
 
     @property
     def url(self) -> str:
         return self.daemon.url
+
+    def audit(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.root / "audit.jsonl").read_text().splitlines() if line.strip()]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -89,10 +103,10 @@ async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gat
         root,
         {"modern": python_command(str(MODERN_CHILD)) + '\nrelay = ["sampling", "elicitation", "roots"]\n',
          "calc": calc_config()},
-        roles=ROLES, clients={"user": ["user"], "other": ["user"], "hasty": ["hasty"]},
+        roles=ROLES, clients={"user": ["user"], "other": ["user"], "hasty": ["hasty"], "careful": ["careful"]},
     )
     async with Daemon(root) as daemon:
-        yield Gateway(daemon, root, tokens["user"], tokens["other"], tokens["hasty"])
+        yield Gateway(daemon, root, tokens["user"], tokens["other"], tokens["hasty"], tokens["careful"])
 
 
 @asynccontextmanager
@@ -285,3 +299,91 @@ async def test_a_legacy_caller_that_cannot_be_asked_gets_an_error_not_a_question
         with pytest.raises(MCPError) as refused:
             await sdk.call_tool("modern__sampling", {})
     assert "did not declare sampling" in str(refused.value)
+
+
+async def test_a_modern_childs_questions_during_a_legacy_prompt_reach_its_caller(gateway: Gateway) -> None:
+    async def elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        assert params.message == "What context should the prompt use?"
+        return ElicitResult(action="accept", content={"context": "tests"})
+
+    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, "legacy", elicitation_callback=elicit) \
+            as sdk:
+        prompt = await sdk.get_prompt("modern__prompt")
+    assert [getattr(message.content, "text", None) for message in prompt.messages] == ["Use this context: tests"]
+
+
+async def legacy_json(gateway: Gateway, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A legacy session that declared every capability, and one request of it answered as plain JSON."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TEST_DEADLINE)) as http:
+        base = {"Authorization": bearer(gateway.user), "Content-Type": "application/json",
+                "Accept": "application/json"}
+        opened = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": LEGACY_VERSION, "capabilities": CAPS, "clientInfo": {"name": "json"}}}
+        async with http.post(gateway.url, json=opened, headers=base) as response:
+            assert response.status == 200
+            session = response.headers["Mcp-Session-Id"]
+        sent = {**base, "Mcp-Session-Id": session, "MCP-Protocol-Version": LEGACY_VERSION}
+        async with http.post(gateway.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                             headers=sent) as response:
+            assert response.status == 202
+        async with http.post(gateway.url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                             headers=sent) as response:
+            assert response.status == 200 and response.content_type == "application/json"
+            answer: dict[str, Any] = await response.json()
+            return answer
+
+
+@pytest.mark.parametrize("method, params", [
+    ("tools/call", {"name": "modern__elicitation", "arguments": {}}),
+    ("prompts/get", {"name": "modern__prompt"}),
+])
+async def test_a_legacy_caller_answered_as_json_gets_an_error_not_a_modern_question(
+        gateway: Gateway, method: str, params: dict[str, Any]) -> None:
+    answer = await legacy_json(gateway, method, params)
+    error = answer["error"]
+    assert error["code"] == METHOD_NOT_FOUND, answer
+    assert error["data"]["error_type"] == "input_not_relayed" and error["data"]["asks"] == ["elicitation/create"]
+    assert "Accept: text/event-stream" in error["message"] and "'modern'" in error["message"]
+
+
+# -- a confirm-gated tool whose modern server asks in rounds ---------------------------------------
+
+
+async def test_a_gated_call_of_a_modern_child_is_approved_once_for_all_its_rounds(gateway: Gateway) -> None:
+    asked: list[str] = []
+
+    async def elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        if "modern.multi_round" in params.message:
+            return ElicitResult(action="accept", content={"approve": True})
+        if "name" in params.message:
+            return ElicitResult(action="accept", content={"name": "Ada"})
+        return ElicitResult(action="accept", content={"color": "blue"})
+
+    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.careful, MODERN_VERSION,
+                                                      elicitation_callback=elicit) as sdk:
+        assert text_of(await sdk.call_tool("modern__multi_round", {})) == "Your favorite color is blue"
+    assert [message for message in asked if "modern.multi_round" in message] == asked[:1]
+    assert asked[1:] == ["Step 1: What is your name?", "Step 2: What is your favorite color?"]
+    carried = [r for r in gateway.audit() if r.get("event") == "approval_carried" and r["client"] == "careful"]
+    used = [r for r in gateway.audit() if r.get("event") == "approval_decided" and r["client"] == "careful"]
+    assert len(carried) == 2 and {r["approval_id"] for r in carried} == {used[-1]["approval_id"]}
+
+
+async def test_a_round_that_carries_an_approval_cannot_be_sent_twice(gateway: Gateway) -> None:
+    status, first = await call(gateway, gateway.careful, "modern__multi_round", {})
+    gate = first["result"]
+    assert status == 200 and list(gate["inputRequests"]) == [GATE_KEY]
+    status, round1 = await call(gateway, gateway.careful, "modern__multi_round", {},
+                                inputResponses={GATE_KEY: {"action": "accept", "content": {"approve": True}}},
+                                requestState=gate["requestState"])
+    asked = round1["result"]
+    assert list(asked["inputRequests"]) == ["step1"], round1
+    answers = {"step1": {"action": "accept", "content": {"name": "Ada"}}}
+    status, round2 = await call(gateway, gateway.careful, "modern__multi_round", {}, inputResponses=answers,
+                                requestState=asked["requestState"])
+    assert list(round2["result"]["inputRequests"]) == ["step2"], round2
+    status, replayed = await call(gateway, gateway.careful, "modern__multi_round", {}, inputResponses=answers,
+                                  requestState=asked["requestState"])
+    assert (status, replayed["error"]["code"]) == (400, INVALID_PARAMS), replayed
+    assert replayed["error"]["data"]["reason"] == "used"

@@ -1,0 +1,160 @@
+"""HTTP bodies of JSON-RPC answers: one bytes object for nearly all, written out in slices for a large string.
+
+Encoding an answer the plain way holds a large tool result several times over at once: the parsed value, its
+escaped JSON text, the answer's joined text, its UTF-8 bytes, and for an SSE event those bytes again inside the
+event's framing. An answer that carries a string longer than LARGE_STRING near its top (a tool's text, a resource's
+blob: where large results put it) is instead written as it is encoded, that string LARGE_SLICE characters at a time,
+each slice escaped and encoded just before it is written and the writer draining between them: the value and a
+slice, however large the result. Owns that choice and the writing; does not own what an answer says (jsonrpc.py) or
+the SSE stream of a call (sse.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from json import encoder as _std
+from typing import Any, Final
+
+from aiohttp import payload, web
+from aiohttp.abc import AbstractStreamWriter
+
+from gatewayd import jsonrpc
+
+# A string value longer than this (in characters) makes its answer written in slices.
+LARGE_STRING: Final = 256 * 1024
+# Characters of such a string escaped, encoded and handed to the writer at a time.
+LARGE_SLICE: Final = 256 * 1024
+# How much of an answer is looked through for such a string before it is encoded (values, and levels of nesting):
+# enough for any result's text or blob, little enough that the look costs a small answer about a microsecond.
+SCAN_VALUES: Final = 64
+SCAN_DEPTH: Final = 6
+SSE_HEAD: Final = b"event: message\ndata: "
+SSE_TAIL: Final = b"\n\n"
+
+_escape = _std.encode_basestring
+
+
+def json_body(message: Any) -> bytes | payload.Payload:
+    """An answer as the body of an `application/json` response."""
+    if not _carries_large_string(message):
+        return jsonrpc.dumps(message)
+    return _Streamed(message, b"", b"")
+
+
+def sse_body(message: dict[str, Any]) -> bytes | payload.Payload:
+    """An answer as one SSE event, the body of a stream that carries nothing else."""
+    if not _carries_large_string(message):
+        return SSE_HEAD + jsonrpc.dumps(message) + SSE_TAIL
+    return _Streamed(message, SSE_HEAD, SSE_TAIL)
+
+
+async def write_event(response: web.StreamResponse, message: dict[str, Any]) -> None:
+    """Write one SSE event carrying `message` on an open stream, in slices if it carries a large string."""
+    if not _carries_large_string(message):
+        await response.write(SSE_HEAD + jsonrpc.dumps(message) + SSE_TAIL)
+        return
+    await response.write(SSE_HEAD)
+    for part in _encoded(message):
+        await response.write(part)
+    await response.write(SSE_TAIL)
+
+
+def _carries_large_string(value: Any) -> bool:
+    """Whether a string longer than LARGE_STRING is among the first SCAN_VALUES values of `value`, within
+    SCAN_DEPTH levels."""
+    return type(value) in (dict, list) and _scan(value, SCAN_DEPTH, SCAN_VALUES) == _FOUND
+
+
+# What `_scan` returns when it found a large string; otherwise the values left to look at (0: it looked enough).
+_FOUND: Final = -1
+
+
+def _scan(container: dict[Any, Any] | list[Any], depth: int, budget: int) -> int:
+    # On every answer: plain loops and type identity, about a microsecond for a tool call's result.
+    for item in container.values() if type(container) is dict else container:
+        budget -= 1
+        if budget <= 0:
+            return 0
+        kind = type(item)
+        if kind is str:
+            if len(item) > LARGE_STRING:
+                return _FOUND
+        elif depth and (kind is dict or kind is list):
+            budget = _scan(item, depth - 1, budget)
+            if budget <= 0:
+                return budget
+    return budget
+
+
+def _encoded(value: Any) -> Iterator[bytes]:
+    """The UTF-8 JSON text of `value`, in parts of at most about LARGE_SLICE characters, each made as it is taken."""
+    pending: list[str] = []
+    size = 0
+    for text in _texts(value):
+        pending.append(text)
+        size += len(text)
+        if size >= LARGE_SLICE:
+            yield "".join(pending).encode("utf-8")
+            pending, size = [], 0
+    if pending:
+        yield "".join(pending).encode("utf-8")
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """The JSON text of `value` in pieces: containers walked, large strings escaped a slice at a time, everything else
+    encoded whole (as jsonrpc.dumps would: NaN and Infinity raise ValueError)."""
+    if isinstance(value, str) and len(value) > LARGE_STRING:
+        yield '"'
+        for start in range(0, len(value), LARGE_SLICE):
+            # Escaping never joins characters across a cut: each slice's escape is that slice's part of the whole.
+            yield _escape(value[start:start + LARGE_SLICE])[1:-1]
+        yield '"'
+    elif isinstance(value, dict) and _carries_large_string(value):
+        yield "{"
+        for index, (key, item) in enumerate(value.items()):
+            yield ("," if index else "") + _key(key) + ":"
+            yield from _texts(item)
+        yield "}"
+    elif isinstance(value, list) and _carries_large_string(value):
+        yield "["
+        for index, item in enumerate(value):
+            if index:
+                yield ","
+            yield from _texts(item)
+        yield "]"
+    else:
+        yield jsonrpc.dumps_text(value)
+
+
+def _key(key: Any) -> str:
+    """An object key as JSON writes it: a string, or a number, boolean or null as its text in quotes."""
+    if isinstance(key, str):
+        return _escape(key)
+    return _escape(jsonrpc.dumps_text(key))
+
+
+class _Streamed(payload.Payload):
+    """An answer carrying a large string, encoded as it is written, sent chunked (its length is known only once it
+    is encoded). Written once: it lets go of the answer then, as the connection keeps its last response until the
+    next request on it comes (aiohttp), and a large result must not stay that long."""
+
+    def __init__(self, message: Any, head: bytes, tail: bytes) -> None:
+        super().__init__(None)
+        self._message: Any = message
+        self._head, self._tail = head, tail
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        if self._message is None:
+            raise RuntimeError("the answer was written already")
+        return (self._head + jsonrpc.dumps(self._message) + self._tail).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        message, self._message = self._message, None
+        if message is None:
+            raise RuntimeError("the answer was written already")
+        if self._head:
+            await writer.write(self._head)
+        for part in _encoded(message):
+            await writer.write(part)
+        if self._tail:
+            await writer.write(self._tail)
