@@ -346,7 +346,9 @@ class McpDialect(Dialect):
             return default_reply(message)
         if method == "roots/list":
             self.asked_roots = True
-        pending = conn.pending_for(message)
+        # A per-session child's roots are its session's, not a call's: unless the child names a call, they are asked
+        # on the session's stream, where the answer is not cut off by whichever call was in flight ending first.
+        pending = conn.pending_for(message, guess=not (method == "roots/list" and self.owner is not None))
         caller = pending.caller if pending is not None else None
         if caller is None and self.owner is not None:
             # A per-session child asking outside a call its client can be asked in (at start-up, after a roots

@@ -518,10 +518,10 @@ class Peer:
             return False
         return True
 
-    def pending_for(self, message: dict[str, Any]) -> PendingCall | None:
+    def pending_for(self, message: dict[str, Any], guess: bool = True) -> PendingCall | None:
         """The call of the gateway a request of the child belongs to: the one its `_meta` names (by
         `io.modelcontextprotocol/related-request-id` or `progressToken`, the gateway's own id of the call), else
-        the only call in flight; None when it cannot be told."""
+        (if `guess`) the only call in flight; None when it cannot be told."""
         params = message.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
         if isinstance(meta, dict):
@@ -529,7 +529,7 @@ class Peer:
                 named = meta.get(key)
                 if isinstance(named, int) and not isinstance(named, bool) and named in self._pending:
                     return self._pending[named]
-        if len(self._pending) == 1:
+        if guess and len(self._pending) == 1:
             return next(iter(self._pending.values()))
         return None
 

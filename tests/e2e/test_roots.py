@@ -29,7 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ListRootsResult, Root
 
-from tests.daemon import REPO, Daemon, gatewayctl, write_config
+from tests.daemon import REPO, Daemon, gatewayctl, python_command, write_config
 from tests.e2e.test_conformance import NODE
 from tests.e2e.test_mcp_sdk import SDK_READ_TIMEOUT, bearer
 from tests.waiting import process_gone
@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"),
 
 FILESYSTEM: Final = (REPO / ".mcp-servers" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist"
                      / "index.js")
+ROOTS_ASKER: Final = REPO / "tests" / "fixtures" / "rootsasker.py"
 # How long a session's roots may take to reach its child (asked at the child's start, answered on the GET stream).
 ROOTS_DEADLINE: Final = 15.0
 
@@ -55,8 +56,9 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[D
     for name in ("fallback", "a", "a2", "b"):
         (root / name).mkdir()
     command = f'command = ["{NODE}", "{FILESYSTEM}", "{root / "fallback"}"]\nrelay = ["roots"]\n'
-    tokens = write_config(root, {"fs": command + 'isolation = "session"\n', "shared": command},
-                          '[roles.agent]\nallow = ["fs.*", "shared.*"]\n', {"agent": ["agent"]})
+    asker = python_command(str(ROOTS_ASKER)) + '\nrelay = ["roots"]\nisolation = "session"\n'
+    tokens = write_config(root, {"fs": command + 'isolation = "session"\n', "shared": command, "asker": asker},
+                          '[roles.agent]\nallow = ["fs.*", "shared.*", "asker.*"]\n', {"agent": ["agent"]})
     async with Daemon(root) as running:
         yield running, tokens["agent"], root
 
@@ -128,6 +130,20 @@ async def test_a_roots_change_reaches_the_session_s_child(rig: tuple[Daemon, str
         await sdk.send_roots_list_changed()
         text = await until_allowed(sdk, root / "a2")
     assert str(root / "a") + "\n" not in text + "\n"
+
+
+async def test_a_session_s_roots_answer_reaches_its_child_after_the_call_in_flight_ended(
+        rig: tuple[Daemon, str, Path]) -> None:
+    """The child asks for roots during a call and ends the call at once: the question is the session's, not the
+    call's, so its answer still reaches the child (it was cut off with the call when the call was guessed)."""
+    _, _, root = rig
+    async with session(rig, Roots(root / "b")) as sdk:
+        assert await allowed(sdk, "asker__ask_roots") == "asked"
+        deadline = time.monotonic() + ROOTS_DEADLINE
+        while (said := await allowed(sdk, "asker__roots")) == "none":
+            assert time.monotonic() < deadline, "the child never got the session's roots"
+            await asyncio.sleep(0.05)
+    assert json.loads(said) == [{"uri": (root / "b").as_uri(), "name": "b"}]
 
 
 async def test_a_session_s_child_stops_when_the_session_ends(rig: tuple[Daemon, str, Path]) -> None:
