@@ -15,8 +15,9 @@ loopback only, with its goal judged at the end:
   spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
   the figures are for sizing.
 - `streaming`: 100 concurrent MCP `tools/call`s in one session, each streaming 100 progress notifications a second
-  for 10 s (`bench/progsrv.py`, stamped with the wall time they were written), while direct calls run at 4 in flight
-  beside them. Goals: none lost, p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded.
+  for 10 s (`bench/progsrv.py`, stamped with the wall time they were written; read by a process of their own,
+  bench/streams.py), while direct calls run at 4 in flight beside them, timed in this process. Goals: none lost,
+  p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded.
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
   the daemon's peak RSS growth; a result over the child line limit (16 MiB) refused and the next call answered.
   Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload.
@@ -53,6 +54,7 @@ from bench.procs import (
     write_config,
 )
 from bench.run import RESULTS_DIR, save
+from bench.streams import STREAM_RATE, STREAM_SECONDS
 from gatewayd.admin import AdminClient
 from gatewayd.tokens import hash_token, new_token
 
@@ -85,8 +87,6 @@ CALLABLE_DEADLINE_S: Final = 10.0
 SESSION_CHILDREN: Final = 100
 # streaming
 STREAMS: Final = 100
-STREAM_RATE: Final = 100  # progress notifications a second, each stream
-STREAM_SECONDS: Final = 10.0
 OTHER_CONCURRENCY: Final = 4
 GOAL_NOTIFICATION_P99_MS: Final = 50.0
 GOAL_OTHER_P99_RATIO: Final = 2.0
@@ -101,6 +101,8 @@ GOAL_PAYLOAD_GROWTH: Final = 3.0
 # timeout (30 s by default) would have told it.
 OVER_LIMIT_PROMPT_S: Final = 5.0
 BIGSRV: Final = Path(__file__).resolve().parent / "bigsrv.py"
+# Where `python -m bench.streams` is run from.
+CHECKOUT: Final = Path(__file__).resolve().parent.parent
 # One large answer may take a while on a loaded machine.
 LARGE_CALL_TIMEOUT: Final = 60.0
 
@@ -319,26 +321,18 @@ async def children(root: Path, python: Path) -> dict[str, Any]:
 # -- streaming calls -------------------------------------------------------------------------------
 
 
-async def _stream(http: aiohttp.ClientSession, url: str, session: SseTarget,
-                  token: int) -> tuple[int, list[float], bool]:
-    """One streaming call: (progress notifications received, their latencies in ms, whether its result came)."""
-    count = int(STREAM_RATE * STREAM_SECONDS)
-    body = wire.compact(wire.request("tools/call", {
-        "name": "prog__stream", "arguments": {"count": count, "interval": 1 / STREAM_RATE},
-        "_meta": {"progressToken": token}}, request_id=token))
-    latencies: list[float] = []
-    done = False
-    async with http.post(url, data=body, headers=session.headers,
-                         timeout=aiohttp.ClientTimeout(total=STREAM_SECONDS * 6)) as response:
-        async for raw in response.content:
-            if not raw.startswith(b"data: "):
-                continue
-            message = json.loads(raw[6:])
-            if message.get("method") == "notifications/progress":
-                latencies.append((time.time() - float(message["params"]["message"])) * 1000)
-            elif message.get("id") == token:
-                done = "result" in message
-    return len(latencies), latencies, done
+async def _streams_process(url: str, token: str, session: SseTarget) -> asyncio.subprocess.Process:
+    """The streams, in a process of their own (bench/streams.py), once every one of them has begun."""
+    session_id = session.headers[wire.SESSION_HEADER]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.streams", url, token, session_id, str(STREAMS),
+        stdout=asyncio.subprocess.PIPE, cwd=CHECKOUT)
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), STREAM_SECONDS)
+    if line.strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"the streams did not begin: {line[:200]!r}")
+    return proc
 
 
 async def streaming(root: Path, python: Path) -> dict[str, Any]:
@@ -357,20 +351,21 @@ async def streaming(root: Path, python: Path) -> dict[str, Any]:
             unloaded = await run_load(direct, OTHER_CONCURRENCY, LOAD_DURATION, LOAD_WARMUP)
             session = SseTarget("sse", http, url, token, daemon.pid)
             await session.open_session()
-            streams = asyncio.gather(*(_stream(http, url, session, index + 1) for index in range(STREAMS)))
-            # The other calls run while every stream is going (after a second for all of them to start).
+            streams = await _streams_process(url, token, session)
+            # The other calls run while every stream is going, timed in this process alone.
             loaded = await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
-            results = await streams
+            out, _ = await asyncio.wait_for(streams.communicate(), STREAM_SECONDS * 6)
+            results = json.loads(out)
     finally:
         await daemon.stop()
-    latencies = sorted(ms for _, each, _ in results for ms in each)
-    received = sum(count for count, _, _ in results)
+    latencies = sorted(ms for each in results for ms in each["latencies"])
+    received = sum(each["received"] for each in results)
     expected = STREAMS * int(STREAM_RATE * STREAM_SECONDS)
     p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("inf")
     ratio = loaded.p99_ms / unloaded.p99_ms if unloaded.p99_ms else float("inf")
     return {
         "streams": STREAMS, "rate_each": STREAM_RATE, "seconds": STREAM_SECONDS,
-        "notifications": {"expected": expected, "received": received, "results": sum(d for _, _, d in results),
+        "notifications": {"expected": expected, "received": received, "results": sum(each["done"] for each in results),
                           "p50_ms": round(statistics.median(latencies), 1) if latencies else None,
                           "p99_ms": round(p99, 1)},
         "other_calls": {"unloaded_p99_ms": round(unloaded.p99_ms, 2), "loaded_p99_ms": round(loaded.p99_ms, 2),
