@@ -114,15 +114,15 @@ def _finite_float(text: str) -> float:
 _decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
-def parse_line(line: bytes) -> Any:
-    """A line of the child's stdout as JSON. Raises NonFinite for a number JSON cannot carry (the gateway could
-    not send it on), or ValueError for anything else that is not JSON."""
-    # As json.loads takes bytes: UTF-8, and a surrogate's three bytes pass through as that surrogate.
-    return parse_text(line.decode("utf-8", "surrogatepass"))
+def decode_line(line: bytes) -> str:
+    """A line of the child's stdout as text: UTF-8, as json.loads takes bytes, and a surrogate's three bytes pass
+    through as that surrogate."""
+    return line.decode("utf-8", "surrogatepass")
 
 
 def parse_text(text: str) -> Any:
-    """A line of the child's stdout, decoded as `parse_line` decodes it, as JSON (raising as `parse_line` does)."""
+    """A decoded line of the child's stdout as JSON. Raises NonFinite for a number JSON cannot carry (the gateway
+    could not send it on), or ValueError for anything else that is not JSON."""
     return _decoder.decode(text)
 
 
@@ -384,7 +384,7 @@ class Peer:
             self._on_activity()
         for index, line in enumerate(lines):
             # Only the text is kept while it is parsed: a large answer is not held as its bytes too.
-            text = line.decode("utf-8", "surrogatepass")
+            text = decode_line(line)
             lines[index] = line = b""
             try:
                 self._handle_line(text)

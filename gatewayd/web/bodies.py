@@ -34,6 +34,11 @@ SSE_TAIL: Final = b"\n\n"
 _escape = _std.encode_basestring
 
 
+def event(message: dict[str, Any]) -> bytes:
+    """One SSE event carrying one JSON-RPC message on a single `data:` line (a notification, a small answer)."""
+    return SSE_HEAD + jsonrpc.dumps(message) + SSE_TAIL
+
+
 def json_body(message: Any) -> bytes | payload.Payload:
     """An answer as the body of an `application/json` response."""
     if not _carries_large_string(message):
@@ -44,14 +49,14 @@ def json_body(message: Any) -> bytes | payload.Payload:
 def sse_body(message: dict[str, Any]) -> bytes | payload.Payload:
     """An answer as one SSE event, the body of a stream that carries nothing else."""
     if not _carries_large_string(message):
-        return SSE_HEAD + jsonrpc.dumps(message) + SSE_TAIL
+        return event(message)
     return _Streamed(message, SSE_HEAD, SSE_TAIL)
 
 
 async def write_event(response: web.StreamResponse, message: dict[str, Any]) -> None:
     """Write one SSE event carrying `message` on an open stream, in slices if it carries a large string."""
     if not _carries_large_string(message):
-        await response.write(SSE_HEAD + jsonrpc.dumps(message) + SSE_TAIL)
+        await response.write(event(message))
         return
     await response.write(SSE_HEAD)
     for part in _encoded(message):
@@ -70,7 +75,8 @@ _FOUND: Final = -1
 
 
 def _scan(container: dict[Any, Any] | list[Any], depth: int, budget: int) -> int:
-    # On every answer: plain loops and type identity, about a microsecond for a tool call's result.
+    # On every answer: plain loops and type identity, about a microsecond for a tool call's result. Identity also
+    # passes over jsonrpc.Encoded (a kept listing, a dict subclass): its text is made once already, not here.
     for item in container.values() if type(container) is dict else container:
         budget -= 1
         if budget <= 0:

@@ -246,7 +246,7 @@ async def _stream_session(response: web.StreamResponse, session: Session, keepal
             continue
         if message is None:
             return
-        await response.write(sse.event(message))
+        await response.write(bodies.event(message))
 
 
 async def handle_delete(request: web.Request) -> web.Response:

@@ -377,11 +377,11 @@ async def _listen(request: web.Request, state: DaemonState, principal: Principal
         subscribed = await _subscribe(state, principal, listener, uris, message)
         response = web.StreamResponse(headers=sse.HEADERS)
         await response.prepare(request)
-        await response.write(sse.event(acknowledgement(listener, subscribed)))
+        await response.write(bodies.event(acknowledgement(listener, subscribed)))
         ended = await _stream(response, listener, state.settings.sse_keepalive)
         if ended:
             result = modern.finish(modern.LISTEN, {"_meta": {modern.SUBSCRIPTION_ID_KEY: message.id}}, SERVER_INFO)
-            await response.write(sse.event(jsonrpc.result_response(message.id, result)))
+            await response.write(bodies.event(jsonrpc.result_response(message.id, result)))
         return response
     except ConnectionError:
         logger.debug("client=%s listen stream closed", principal.name)
@@ -421,5 +421,5 @@ async def _stream(response: web.StreamResponse, listener: Listener, keepalive: f
             continue
         if event is None:
             return True
-        await response.write(sse.event(event))
+        await response.write(bodies.event(event))
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import jsonrpc
 from gatewayd.deadlines import Deadlines
 from gatewayd.web import bodies
 
@@ -27,11 +26,6 @@ logger = logging.getLogger(__name__)
 QUEUE_LIMIT = 1024
 HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": keep-alive\n\n"
-
-
-def event(message: dict[str, Any]) -> bytes:
-    """One SSE event carrying one JSON-RPC message on a single `data:` line."""
-    return b"event: message\ndata: " + jsonrpc.dumps(message) + b"\n\n"
 
 
 def whole(message: dict[str, Any], headers: dict[str, str]) -> web.Response:
@@ -82,7 +76,7 @@ class CallStream:
             await response.prepare(self._request)
             while True:
                 while self._events:
-                    await response.write(event(self._events.popleft()))
+                    await response.write(bodies.event(self._events.popleft()))
                 if self._finished:
                     return
                 self._wake.clear()

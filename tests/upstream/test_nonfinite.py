@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gatewayd.errors import ToolServerUnavailable
-from gatewayd.upstream.peer import NonFinite, parse_line
+from gatewayd.upstream.peer import NonFinite, decode_line, parse_text
 from gatewayd.upstream.server import ToolServer
 from tests.upstream.test_supervision import FAULT_METHODS, fault_server, servers, track  # noqa: F401 (fixture)
 
@@ -52,9 +52,14 @@ async def test_over_mcp_too(tmp_path: Path, servers: list[ToolServer]) -> None: 
 def test_child_lines_are_parsed_finite_or_refused() -> None:
     for line in (b'{"id":1,"result":1e400}', b'[NaN]', b'{"a":[-Infinity]}', b'[-1e400]', b'{"a":1e400, broken'):
         with pytest.raises(NonFinite):
-            parse_line(line)
-    assert parse_line(b'{"id":1,"result":[1.5,1e308,1.5e-400,-0.0,10000000000000000000000]}') == {
+            parse_text_of(line)
+    assert parse_text_of(b'{"id":1,"result":[1.5,1e308,1.5e-400,-0.0,10000000000000000000000]}') == {
         "id": 1, "result": [1.5, 1e308, 0.0, -0.0, 10**22]}
-    assert parse_line('{"t":"é\\ud800"}'.encode()) == {"t": "é\ud800"}
+    assert parse_text_of('{"t":"é\\ud800"}'.encode()) == {"t": "é\ud800"}
     with pytest.raises(ValueError):
-        parse_line(b"not json")
+        parse_text_of(b"not json")
+
+
+def parse_text_of(line: bytes) -> object:
+    """A stdout line as the peer reads it: decoded, then parsed."""
+    return parse_text(decode_line(line))
