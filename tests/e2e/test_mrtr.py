@@ -193,24 +193,28 @@ async def test_the_gateway_seals_a_childs_state_and_refuses_it_altered_or_from_a
 # -- the confirmation gate ----------------------------------------------------------------------
 
 
-async def test_the_gate_asks_a_modern_caller_and_its_yes_runs_the_call_once(gateway: Gateway) -> None:
+# The same daemon asks a caller of either era: a modern one with an input-required result, a legacy one with an
+# elicitation on the call's stream; the SDK's elicitation callback answers both.
+@pytest.mark.parametrize("mode", [MODERN_VERSION, "legacy"])
+async def test_the_gate_asks_the_caller_and_its_yes_runs_the_call_once(gateway: Gateway, mode: str) -> None:
     asked: list[str] = []
 
     async def elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
         asked.append(params.message)
         return ElicitResult(action="accept", content={"approve": True})
 
-    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, MODERN_VERSION,
+    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, mode,
                                                       elicitation_callback=elicit) as sdk:
         assert text_of(await sdk.call_tool("calc__add", {"a": 2, "b": 3})) == "5"
     assert len(asked) == 1 and "calc.add" in asked[0] and '"a": 2' in asked[0]
 
 
-async def test_the_gates_no_is_denied(gateway: Gateway) -> None:
+@pytest.mark.parametrize("mode", [MODERN_VERSION, "legacy"])
+async def test_the_gates_no_is_denied(gateway: Gateway, mode: str) -> None:
     async def elicit(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
         return ElicitResult(action="decline")
 
-    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, MODERN_VERSION,
+    async with asyncio.timeout(TEST_DEADLINE), client(gateway, gateway.user, mode,
                                                       elicitation_callback=elicit) as sdk:
         with pytest.raises(MCPError) as refused:
             await sdk.call_tool("calc__add", {"a": 2, "b": 4})

@@ -81,11 +81,11 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
 
 
 @asynccontextmanager
-async def sdk_client(rig: Rig, **callbacks: Any) -> AsyncIterator[Client]:
+async def sdk_client(rig: Rig, mode: str = MODERN_VERSION, **callbacks: Any) -> AsyncIterator[Client]:
     async with httpx2.AsyncClient(headers={"Authorization": bearer(rig.tokens["user"])},
                                   timeout=httpx2.Timeout(10, read=SDK_READ_TIMEOUT)) as http:
         transport = streamable_http_client(rig.daemon.url, http_client=http)
-        async with Client(transport, mode=MODERN_VERSION, read_timeout_seconds=SDK_READ_TIMEOUT, **callbacks) as sdk:
+        async with Client(transport, mode=mode, read_timeout_seconds=SDK_READ_TIMEOUT, **callbacks) as sdk:
             yield sdk
 
 
@@ -120,16 +120,26 @@ SAMPLED: Final = {"role": "assistant", "content": {"type": "text", "text": "echo
 # -- the official SDK answers -------------------------------------------------------------------
 
 
-async def test_a_legacy_childs_sampling_is_answered_by_a_modern_callers_callback(rig: Rig) -> None:
-    async with asyncio.timeout(TEST_DEADLINE), sdk_client(rig, sampling_callback=sample) as sdk:
+# The same daemon, the same child: a modern caller is asked with an input-required result, a legacy one with the
+# child's own request on its stream; either way the SDK's callback answers and the child gets the answer.
+BOTH_ERAS: Final = pytest.mark.parametrize("mode", [MODERN_VERSION, "legacy"])
+
+
+@BOTH_ERAS
+@pytest.mark.filterwarnings("ignore:The roots capability is deprecated")
+async def test_a_legacy_childs_sampling_is_answered_by_the_callers_callback(rig: Rig, mode: str) -> None:
+    async with asyncio.timeout(TEST_DEADLINE), sdk_client(rig, mode, sampling_callback=sample) as sdk:
+        assert sdk.protocol_version == (MODERN_VERSION if mode == MODERN_VERSION else "2025-11-25")
         result = await sdk.call_tool("ask__sampling", {"prompt": "hello"})
     assert not result.is_error and text_of(result) == "LLM response: echo hello"
     await eventually(lambda: any(r.get("event") == "relayed" and r["kind"] == "sampling" and r["outcome"] == "answered"
                                  and r["client"] == "user" for r in rig.audit), what="the relayed record")
 
 
-async def test_a_legacy_childs_elicitation_and_roots_reach_a_modern_caller(rig: Rig) -> None:
-    async with asyncio.timeout(TEST_DEADLINE), sdk_client(rig, elicitation_callback=elicit,
+@BOTH_ERAS
+@pytest.mark.filterwarnings("ignore:The roots capability is deprecated")
+async def test_a_legacy_childs_elicitation_and_roots_reach_the_caller(rig: Rig, mode: str) -> None:
+    async with asyncio.timeout(TEST_DEADLINE), sdk_client(rig, mode, elicitation_callback=elicit,
                                                           list_roots_callback=roots) as sdk:
         listed = await sdk.call_tool("ask__roots", {})
         answered = await sdk.call_tool("ask__elicitation", {"message": "who?"})
