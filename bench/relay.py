@@ -64,6 +64,11 @@ class Child(asyncio.SubprocessProtocol):
             if not future.done():
                 future.set_exception(OSError("the child exited"))
 
+    def notify(self, message: dict[str, Any]) -> None:
+        """Send a notification as it came: it has no id to rewrite and no answer."""
+        assert self.stdin is not None
+        self.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
     async def call(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send `message` under the relay's own id; the child's answer, with the caller's id back."""
         assert self.stdin is not None
@@ -100,10 +105,10 @@ async def serve(host: str, port: int, token: str) -> None:
     try:
         await serve_app(app, host, port, "relay")
     finally:
-        await _stop_child(transport, child)
+        await stop_child(transport, child)
 
 
-async def _stop_child(transport: asyncio.SubprocessTransport, child: Child) -> None:
+async def stop_child(transport: asyncio.SubprocessTransport, child: Child) -> None:
     """Close the child's stdin and wait for it to exit; kill it after CHILD_EXIT_DEADLINE."""
     stdin = transport.get_pipe_transport(0)
     if stdin is not None:
