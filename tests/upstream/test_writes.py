@@ -1,0 +1,76 @@
+"""How the peer's lines reach the child's stdin: a lone call at once, calls that come together in one write.
+
+The real calc child on a real ChildProcess; its `write` is wrapped to record each write's lines (what the
+pipe is given, the thing these tests judge), the peer itself is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from gatewayd.upstream.peer import SINGLE_TURNS, Peer
+from gatewayd.upstream.process import ChildProcess
+
+# Bound on each call; generous for a loaded 2-core machine.
+CALL_TIMEOUT = 20.0
+BURST = 5
+
+
+@asynccontextmanager
+async def recorded() -> AsyncIterator[tuple[Peer, list[int]]]:
+    """A peer on the calc child, and the number of lines in each write to the child's stdin, in order."""
+    process = ChildProcess("calc", [sys.executable, "-m", "gatewayd.examples.calc"])
+    peer = Peer(process)
+    await process.open(peer.lines)
+    writes: list[int] = []
+    write = process.write
+
+    def counting(data: bytes) -> None:
+        writes.append(data.count(b"\n"))
+        write(data)
+
+    process.write = counting  # type: ignore[method-assign]
+    try:
+        yield peer, writes
+    finally:
+        await process.close(peer.flush)
+
+
+async def echo(peer: Peer, n: int) -> None:
+    assert await peer.call("echo", {"n": n}, timeout=CALL_TIMEOUT) == {"n": n}
+
+
+async def burst(peer: Peer) -> None:
+    """BURST calls begun in the same loop turn."""
+    await asyncio.gather(*(echo(peer, n) for n in range(BURST)))
+
+
+async def test_a_lone_call_is_written_before_its_loop_turn_ends() -> None:
+    async with recorded() as (peer, writes):
+        call = asyncio.ensure_future(echo(peer, 1))
+        # One yield runs the call's first step (which sends its line) and comes back before that turn's end.
+        await asyncio.sleep(0)
+        assert writes == [1]
+        await call
+
+
+async def test_calls_that_come_together_go_out_together_until_they_come_alone_again() -> None:
+    async with recorded() as (peer, writes):
+        await burst(peer)
+        # The first line went at once, as a lone call's would; the rest of the turn's lines in one write.
+        assert writes == [1, BURST - 1]
+        writes.clear()
+        await burst(peer)
+        assert writes == [BURST]  # calls are coming together: the whole turn in one write
+        writes.clear()
+        for n in range(SINGLE_TURNS):
+            await echo(peer, n)
+        assert writes == [1] * SINGLE_TURNS
+        writes.clear()
+        call = asyncio.ensure_future(echo(peer, 1))
+        await asyncio.sleep(0)
+        assert writes == [1]  # alone for SINGLE_TURNS turns: at once again
+        await call
