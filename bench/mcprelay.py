@@ -26,6 +26,7 @@ from bench.relay import CHILD, Child, stop_child
 CHILD_ENV = "BENCH_RELAY_CHILD"
 SSE_ENV = "BENCH_RELAY_SSE"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SSE = web.AppKey("sse", bool)
 
 
 async def handle_post(request: web.Request) -> web.Response:
@@ -41,9 +42,6 @@ async def handle_post(request: web.Request) -> web.Response:
     if request.app[SSE]:
         return web.Response(body=b"event: message\ndata: " + body + b"\n\n", headers=SSE_HEADERS)
     return web.Response(body=body, content_type="application/json")
-
-
-SSE = web.AppKey("sse", bool)
 
 
 async def serve(host: str, port: int, token: str) -> None:
