@@ -67,6 +67,7 @@ def contextforge_env() -> dict[str, str]:
 
 
 def free_port() -> int:
+    """A loopback port nobody listens on now (ContextForge takes a port number, not 0)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -242,9 +242,12 @@ class Peer:
     def flush(self) -> None:
         """Write the lines queued so far, now."""
         lines, self._outbox = self._outbox, None
+        if lines is None:
+            return  # flushed already this turn (a connection closing flushes at once)
         immediate = self._single_turns >= SINGLE_TURNS
-        # How many lines the turn had: in immediate mode its first one is already out.
-        if len(lines or ()) + immediate > 1:
+        # The turn's lines: in immediate mode its first one went out already and is not in `lines`.
+        turn_lines = len(lines) + immediate
+        if turn_lines > 1:
             self._single_turns = 0
         elif not immediate:
             self._single_turns += 1
