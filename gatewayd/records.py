@@ -12,6 +12,7 @@ not own the log's file and writer (audit.py) or the metrics' rendering (metrics.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -27,6 +28,8 @@ class Records:
     def __init__(self, audit_log: audit.AuditLog, metrics: Metrics) -> None:
         self.audit = audit_log
         self.metrics = metrics
+        # Calls of this loop turn that ended, recorded together at the start of the next (`outcome`).
+        self._ended: list[tuple[Call, str, float, dict[str, Any]]] = []
 
     def decided(self, call: Call, decision: str, **fields: Any) -> None:
         """Record a decision; the record is queued, not waited for."""
@@ -75,8 +78,25 @@ class Records:
             await self.audit.record(call.record("approval_carried", approval_id=approval_id), durable=True)
 
     def outcome(self, call: Call, status: str, **fields: Any) -> None:
-        """Record how a call ended, and count it."""
+        """Record how a call ended, and count it. Its duration is taken now; the count and the record are made at
+        the start of the next loop turn, once the caller's answer has been written: a lone caller then does not wait
+        for them (the daemon writes its answer while the child and the caller's process have the other core)."""
         seconds = time.monotonic() - call.started
+        if not self._ended:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # not on a loop (a test, a tool): nothing to overlap with
+                self._outcome(call, status, seconds, fields)
+                return
+            loop.call_soon(self._record_ended)
+        self._ended.append((call, status, seconds, fields))
+
+    def _record_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        for call, status, seconds, fields in ended:
+            self._outcome(call, status, seconds, fields)
+
+    def _outcome(self, call: Call, status: str, seconds: float, fields: dict[str, Any]) -> None:
         server, _, method = call.method.partition(".")
         self.metrics.observe_call(server, method, status, seconds)
         if self.audit.enabled:
