@@ -167,7 +167,8 @@ class JsonTarget(_HttpTarget):
 
 
 class SseTarget(_HttpTarget):
-    """MCP `tools/call` in one session with `Accept: application/json, text/event-stream`; the answer comes as SSE."""
+    """MCP `tools/call` in one session with `Accept: application/json, text/event-stream`, as MCP clients send it: a
+    call that streams nothing before its answer is answered as one JSON body, one that does as SSE."""
 
     accept = wire.ACCEPT_SSE
 
@@ -187,9 +188,10 @@ class SseTarget(_HttpTarget):
     async def call(self) -> None:
         async with self.http.post(self.url, data=wire.TOOL_CALL_BODY, headers=self.headers) as response:
             body = await response.read()
-            if response.status != 200 or response.content_type != "text/event-stream":
+            if response.status != 200:
                 raise wire.BadAnswer(f"HTTP {response.status} {response.content_type}: {body[:200]!r}")
-        wire.check_tool_result(wire.sse_response(body))
+        message = wire.sse_response(body) if response.content_type == "text/event-stream" else json.loads(body)
+        wire.check_tool_result(message)
 
 
 class ModernTarget(_HttpTarget):

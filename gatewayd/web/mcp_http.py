@@ -131,7 +131,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     if not requests:
         return web.Response(status=202)
     if not body.is_batch and sse_ok:
-        return await _answer_sse(request, state, ctx, requests[0])
+        return await _answer_streamable(request, state, ctx, requests[0], json_ok)
     if not body.is_batch:
         return _json(await _answer(state.gateway, ctx, requests[0]), session=session)
     responses = await asyncio.gather(*(_answer(state.gateway, ctx, message) for message in requests))
@@ -192,10 +192,13 @@ def _initialize(state: DaemonState, principal: Principal, message: Request, sse_
 # -- SSE -----------------------------------------------------------------------------------
 
 
-async def _answer_sse(
-    request: web.Request, state: DaemonState, ctx: CallContext, message: Request | Invalid
+async def _answer_streamable(
+    request: web.Request, state: DaemonState, ctx: CallContext, message: Request | Invalid, json_ok: bool
 ) -> web.StreamResponse:
-    """Answer one call as SSE: its progress and log notifications, keep-alives, then the response."""
+    """Answer one call as SSE once it has something to say before its response (progress, logs, a request relayed
+    to the client) or runs past the first keep-alive: those events, keep-alives, then the response. An answer ready
+    before that goes as plain JSON when the client accepts it (MCP lets the server choose; every client must read
+    both): the smaller form for both sides, as the 2026-07-28 path answers too."""
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
     stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines)
     ctx.emit = stream.emit
@@ -204,6 +207,9 @@ async def _answer_sse(
     except BaseException:
         await stream.abandon()
         raise
+    if json_ok and not stream.opened:
+        await stream.abandon()
+        return _json(answer, session=ctx.session)
     response = await stream.finish(answer)
     if stream.broken:
         logger.info("client=%s SSE stream closed before the answer", ctx.principal.name)

@@ -3,9 +3,10 @@
 Owns the wire form of an event (one single-line JSON per `data:`), keep-alive comments, and
 `CallStream`: the answer to one call that may emit notifications before its result. A call
 that finishes before it emits anything, or before the first keep-alive is due, is answered
-with the whole stream in one body (one write, with a length); only a call that has something
-to say early, or runs long, holds a chunked stream open. Does not own which calls get SSE
-(mcp_http.py).
+with the whole stream in one body (one write, with a length), or as plain JSON by its caller
+when the client accepts that (`opened` is False); only a call that has something to say
+early, or runs long, holds a chunked stream open. Does not own which calls get SSE
+(mcp_http.py, modern.py).
 """
 
 from __future__ import annotations

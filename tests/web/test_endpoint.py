@@ -18,6 +18,8 @@ from tests.waiting import eventually
 
 Client = LocalClient
 SSE = "application/json, text/event-stream"
+# A client that takes an event stream only: its answers are SSE even when they are ready at once.
+SSE_ONLY = "text/event-stream"
 CALC = python_command("-m", "gatewayd.examples.calc") + """
 protocol = "jsonrpc"
 [methods.add]
@@ -296,7 +298,8 @@ async def test_long_calls_get_keepalive_comments(stack: Stack) -> None:
 async def test_sse_data_lines_stay_single_line_for_multiline_results(stack: Stack) -> None:
     session = await stack.initialize()
     params = {"name": "fault__echo", "arguments": {"text": "line 1\nline 2\n\ndata: fake"}}
-    response = await stack.post(call("tools/call", params), Accept=SSE, **{"Mcp-Session-Id": session})
+    response = await stack.post(call("tools/call", params), Accept=SSE_ONLY, **{"Mcp-Session-Id": session})
+    assert response.content_type == "text/event-stream"
     events = sse_events(await response.text())
     assert events[-1]["result"]["structuredContent"]["value"] == {"text": "line 1\nline 2\n\ndata: fake"}
 
@@ -363,13 +366,18 @@ async def test_notification_to_an_mcp_tool_is_not_run(stack: Stack) -> None:
     assert methods.count("tools/call") == 1
 
 
-async def test_a_quick_call_gets_the_whole_sse_stream_in_one_body(stack: Stack) -> None:
+async def test_a_quick_call_is_one_json_body_or_for_an_sse_only_client_the_whole_stream_in_one_body(
+        stack: Stack) -> None:
     session = await stack.initialize()
-    response = await stack.post(call("tools/call", {"name": "calc__add", "arguments": {"a": 1, "b": 2}}),
-                                Accept=SSE, **{"Mcp-Session-Id": session})
-    assert response.content_type == "text/event-stream"
-    assert response.headers["Content-Length"] == str(len(await response.read()))
-    assert sse_events(await response.text())[-1]["result"]["structuredContent"] == {"result": 3}
+    add = call("tools/call", {"name": "calc__add", "arguments": {"a": 1, "b": 2}})
+    plain = await stack.post(add, Accept=SSE, **{"Mcp-Session-Id": session})
+    assert plain.content_type == "application/json" and plain.headers["Mcp-Session-Id"] == session
+    assert plain.headers["Content-Length"] == str(len(await plain.read()))
+    assert (await plain.json())["result"]["structuredContent"] == {"result": 3}
+    streamed = await stack.post(add, Accept=SSE_ONLY, **{"Mcp-Session-Id": session})
+    assert streamed.content_type == "text/event-stream" and streamed.headers["Mcp-Session-Id"] == session
+    assert streamed.headers["Content-Length"] == str(len(await streamed.read()))
+    assert sse_events(await streamed.text())[-1]["result"]["structuredContent"] == {"result": 3}
 
 
 async def test_a_dropped_sse_stream_does_not_stop_the_call_or_the_daemon(stack: Stack, caplog: Any) -> None:
@@ -419,17 +427,18 @@ async def test_a_bug_answers_internal_error_without_details(stack: Stack, monkey
 
 
 @pytest.mark.parametrize("method", ["ping", "tools/list", "logging/setLevel"])
-async def test_every_answer_is_sse_when_the_client_accepts_it_and_json_when_it_does_not(stack: Stack,
-                                                                                       method: str) -> None:
+async def test_an_answer_ready_at_once_is_json_unless_the_client_takes_only_sse(stack: Stack, method: str) -> None:
     session = await stack.initialize()
     params = {"level": "info"} if method == "logging/setLevel" else None
-    streamed = await stack.post(call(method, params), Accept=SSE, **{"Mcp-Session-Id": session})
-    assert streamed.content_type == "text/event-stream"
-    # Ready at once: one body with a length, not a held-open stream.
-    assert streamed.headers.get("Content-Length") is not None
-    plain = await stack.post(call(method, params), Accept="application/json", **{"Mcp-Session-Id": session})
-    assert plain.content_type == "application/json"
-    assert await answer_of(streamed) == await plain.json()
+    answers = []
+    for accept, kind in ((SSE, "application/json"), ("application/json", "application/json"),
+                         (SSE_ONLY, "text/event-stream")):
+        response = await stack.post(call(method, params), Accept=accept, **{"Mcp-Session-Id": session})
+        assert response.content_type == kind
+        # Ready at once: one body with a length, not a held-open stream.
+        assert response.headers.get("Content-Length") is not None
+        answers.append(await answer_of(response))
+    assert answers[0] == answers[1] == answers[2]
 
 
 async def test_tools_list_follows_a_changed_tool_list_though_listings_are_remembered(stack: Stack) -> None:
