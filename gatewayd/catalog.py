@@ -148,20 +148,31 @@ class Catalog:
             found += [(server, name) for server in bare]
         return found
 
-    async def input_schema(self, name: str, principal: Principal, servers: Mapping[str, Upstream]) -> Any:
-        """The `inputSchema` `tools/list` shows this principal for tool `name` (None: a tool it does not see), found
-        as a call to it is routed (find_tool) instead of by listing every tool: on every modern `tools/call`."""
+    async def marked_arguments(self, name: str, principal: Principal, servers: Mapping[str, Upstream],
+                               mark: str) -> list[tuple[str, Any]]:
+        """(argument, its `mark` value) for each argument of tool `name` whose schema in the `inputSchema` this
+        principal is shown carries `mark`; none for a tool it does not see. Found as a call to it is routed
+        (find_tool), not by listing every tool: on every modern `tools/call`. Whether the principal sees the tool is
+        decided only for a tool that has such arguments: for any other the answer is the same either way."""
         try:
             found = await self.find_tool(name, principal, servers)
             if found is None:
-                return None
+                return []
             server, method = found
             tool = self._by_method(await server.tools()).get(method)
         except Exception:  # as list_tools leaves out a server that cannot list: the call itself will say why
-            return None
-        if tool is None or _listing(principal, server, tool) is Decision.DENY:
-            return None
-        return tool.raw.get("inputSchema") if tool.raw is not None else tool.input_schema
+            return []
+        if tool is None:
+            return []
+        schema = tool.raw.get("inputSchema") if tool.raw is not None else tool.input_schema
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict):
+            return []
+        marked = [(argument, spec[mark]) for argument, spec in properties.items()
+                  if isinstance(spec, dict) and mark in spec]
+        if not marked or _listing(principal, server, tool) is Decision.DENY:
+            return []
+        return marked
 
     async def list_tools(self, principal: Principal, servers: Mapping[str, Upstream]) -> Encoded:
         """Every tool the principal may call, across servers, in a deterministic order. Made again only when

@@ -162,13 +162,8 @@ async def _check_param_headers(request: web.Request, state: DaemonState, princip
     if not isinstance(name, str):
         return
     arguments = arguments if isinstance(arguments, dict) else {}
-    # The one tool the call is routed to, not the whole listing: this runs on every modern `tools/call`.
-    schema = await state.gateway.catalog.input_schema(name, principal, state.generation.servers)
-    properties = schema.get("properties") if isinstance(schema, dict) else None
-    if not isinstance(properties, dict):
-        return
-    for argument, spec in properties.items():
-        token = spec.get(X_MCP_HEADER) if isinstance(spec, dict) else None
+    marked = await state.gateway.catalog.marked_arguments(name, principal, state.generation.servers, X_MCP_HEADER)
+    for argument, token in marked:
         if not isinstance(token, str):
             continue
         header = request.headers.get(PARAM_PREFIX + token)
