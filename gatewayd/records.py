@@ -79,8 +79,8 @@ class Records:
 
     def outcome(self, call: Call, status: str, **fields: Any) -> None:
         """Record how a call ended, and count it. Its duration is taken now; the count and the record are made at
-        the start of the next loop turn, once the caller's answer has been written: a lone caller then does not wait
-        for them (the daemon writes its answer while the child and the caller's process have the other core)."""
+        the start of the next loop turn, with those of every call that ended in this one. By then the caller's answer
+        has been written, so a lone caller no longer waits for its own record: it is made while the caller reads."""
         seconds = time.monotonic() - call.started
         if not self._ended:
             try:
