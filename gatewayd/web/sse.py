@@ -42,7 +42,11 @@ class CallStream:
         self._headers = {**HEADERS, **headers}
         self._keepalive = keepalive
         self._events: collections.deque[dict[str, Any]] = collections.deque()
-        self._wake = asyncio.Event()
+        self._deadlines = deadlines
+        # What the open stream's pump waits on while it has nothing to write: set by `emit` and `finish` (False),
+        # or by the keep-alive's deadline (True). A future and a coarse deadline per wait, not an Event and a loop
+        # timer: a streaming call waits once per notification.
+        self._waiter: asyncio.Future[bool] | None = None
         self._response: web.StreamResponse | None = None
         self._pump: asyncio.Task[None] | None = None
         self._timer = deadlines.call_later(keepalive, self._open)
@@ -64,27 +68,40 @@ class CallStream:
             return
         self._events.append(message)
         self._open()
-        self._wake.set()
+        self._wake(False)
 
     def _open(self) -> None:
         if self._pump is None and not self._finished:
             self._pump = asyncio.ensure_future(self._run())
 
+    def _wake(self, idle: bool) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(idle)
+
     async def _run(self) -> None:
-        """Owns the open stream: headers, queued events, keep-alives, until `finish`."""
+        """Owns the open stream: headers, queued events (those queued together in one write), keep-alives, until
+        `finish`."""
         response = self._response = web.StreamResponse(headers=self._headers)
+        loop = asyncio.get_running_loop()
         try:
             await response.prepare(self._request)
             while True:
-                while self._events:
-                    await response.write(bodies.event(self._events.popleft()))
+                if self._events:
+                    events = self._events
+                    self._events = collections.deque()
+                    await response.write(b"".join(map(bodies.event, events)))
+                    continue
                 if self._finished:
                     return
-                self._wake.clear()
+                waiter = self._waiter = loop.create_future()
+                keepalive = self._deadlines.call_later(self._keepalive, self._wake, True)
                 try:
-                    async with asyncio.timeout(self._keepalive):
-                        await self._wake.wait()
-                except TimeoutError:
+                    idle = await waiter
+                finally:
+                    keepalive.cancel()
+                    self._waiter = None
+                if idle:
                     await response.write(KEEPALIVE)
         except ConnectionError:
             # A dropped stream is not a cancellation (MCP 2025): the call goes on, its answer has nowhere to go.
@@ -96,7 +113,7 @@ class CallStream:
         self._timer.cancel()
         if self._pump is None:
             return web.Response(body=bodies.sse_body(message), headers=self._headers)  # nothing was streamed: one body
-        self._wake.set()
+        self._wake(False)
         await self._pump
         assert self._response is not None
         if not self.broken:
