@@ -1,6 +1,6 @@
 """Scale targets (issue 20): gatewayd with many sessions and clients, many servers and tools, a large result.
 
-Owns three targets, each its own daemon on an installed copy of the working tree, bounded in count and time,
+Owns these targets, each its own daemon on an installed copy of the working tree, bounded in count and time,
 loopback only, with its goal judged at the end:
 
 - `sessions`: 1,000 open legacy MCP sessions, then 1,000 distinct clients (each its own token) making one
@@ -18,6 +18,8 @@ loopback only, with its goal judged at the end:
   for 10 s (`bench/progsrv.py`, stamped with the wall time they were written; read by a process of their own,
   bench/streams.py), while direct calls run at 4 in flight beside them, timed in this process. Goals: none lost,
   p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded.
+- `notifications`: the same streams with nothing beside them, and the daemon's CPU time per relayed notification
+  (no goal: the figure that says what a streaming call costs, steadier than the other calls' p99).
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
   the daemon's peak RSS growth; a result over the child line limit (16 MiB) refused and the next call answered.
   Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload.
@@ -47,6 +49,7 @@ from bench.procs import (
     ROLE,
     ServerProcess,
     bench_env,
+    cpu_seconds,
     daemon_argv,
     descendants,
     install_copy,
@@ -58,7 +61,7 @@ from bench.streams import STREAM_RATE, STREAM_SECONDS
 from gatewayd.admin import AdminClient
 from gatewayd.tokens import hash_token, new_token
 
-TARGETS: Final = ("sessions", "tools", "children", "streaming", "payload")
+TARGETS: Final = ("sessions", "tools", "children", "streaming", "notifications", "payload")
 KIB: Final = 1024
 MB: Final = 1e6
 # sessions
@@ -335,13 +338,42 @@ async def _streams_process(url: str, token: str, session: SseTarget) -> asyncio.
     return proc
 
 
-async def streaming(root: Path, python: Path) -> dict[str, Any]:
-    config_dir = root / "streaming"
+def _streaming_config(config_dir: Path) -> str:
+    """The echo server and the progress server, room for every stream and the other calls; the client's token."""
     token = write_config(config_dir)
     (config_dir / "tools.d" / "prog.toml").write_text(
         f'command = ["python3", "{PROGSRV}"]\nprotocol = "mcp"\ncall_timeout = "{int(STREAM_SECONDS * 6)}s"\n'
         f'max_in_flight = {STREAMS + OTHER_CONCURRENCY}\nmax_in_flight_per_client = {STREAMS + OTHER_CONCURRENCY}\n')
     (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["echo.*", "prog.*"]\n')
+    return token
+
+
+async def notifications(root: Path, python: Path) -> dict[str, Any]:
+    """The daemon's CPU per relayed progress notification: the streaming target's streams with nothing beside them,
+    the daemon's CPU time from the moment every stream has begun to the last one's end."""
+    config_dir = root / "notifications"
+    token = _streaming_config(config_dir)
+    daemon = _daemon(config_dir, python)
+    url = await daemon.start()
+    try:
+        async with client_session(4) as http:
+            session = SseTarget("sse", http, url, token, daemon.pid)
+            await session.open_session()
+            streams = await _streams_process(url, token, session)
+            before = cpu_seconds([daemon.pid])
+            out, _ = await asyncio.wait_for(streams.communicate(), STREAM_SECONDS * 6)
+            spent = cpu_seconds([daemon.pid]) - before
+    finally:
+        await daemon.stop()
+    received = sum(each["received"] for each in json.loads(out))
+    return {"streams": STREAMS, "rate_each": STREAM_RATE, "seconds": STREAM_SECONDS, "received": received,
+            "daemon_cpu_s": round(spent, 3),
+            "daemon_cpu_us_per_notification": round(spent / received * 1e6, 1) if received else None}
+
+
+async def streaming(root: Path, python: Path) -> dict[str, Any]:
+    config_dir = root / "streaming"
+    token = _streaming_config(config_dir)
     daemon = _daemon(config_dir, python)
     url = await daemon.start()
     try:
@@ -457,7 +489,7 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
 
 
 RUNNERS: Final = {"sessions": sessions, "tools": tools, "children": children, "streaming": streaming,
-                  "payload": payload}
+                  "notifications": notifications, "payload": payload}
 
 
 async def run(targets: list[str]) -> dict[str, Any]:
