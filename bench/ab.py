@@ -6,8 +6,8 @@ started once; then pairs of equal measurements, the order flipped every pair, so
 of the machine hits both sides alike. A full `make bench` run moves ±0.05–0.1 in ratio between
 runs on this 2-core machine; pairs still scatter by ~9% each, so 10 pairs resolve ~6% (more pairs
 for less: bench/README.md). Reported per pair and as
-medians: calls/s, and the serving processes' CPU (daemon + child) per call, the figure that
-sets the ratio when the cores are saturated (bench/README.md, "Which Python, and the CPU budget").
+medians: calls/s, the calls' p99, and the serving processes' CPU (daemon + child) per call (the figure
+that sets the ratio when the cores are saturated: bench/README.md, "Which Python, and the CPU budget").
 
 Run: `.venv/bin/python -m bench.ab --base HEAD~1 --pairs 8 --concurrency 8 --targets gatewayd-sse`
 """
@@ -111,9 +111,11 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     speed = [r["work"]["calls_per_s"] / r["base"]["calls_per_s"] for r in rows if r["base"]["calls_per_s"]]
     cpu = [r["work"]["server_cpu_us_per_call"] / r["base"]["server_cpu_us_per_call"]
            for r in rows if r["base"]["server_cpu_us_per_call"]]
+    p99 = [r["work"]["p99_ms"] / r["base"]["p99_ms"] for r in rows if r["base"]["p99_ms"]]
     return {
         "calls_per_s_ratio_median": round(statistics.median(speed), 3) if speed else None,
         "server_cpu_ratio_median": round(statistics.median(cpu), 3) if cpu else None,
+        "p99_ratio_median": round(statistics.median(p99), 3) if p99 else None,
         "pairs_work_faster": sum(ratio > 1 for ratio in speed),
         "pairs_work_cheaper": sum(ratio < 1 for ratio in cpu),
         "pairs": len(rows),
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     record = asyncio.run(compare(args))
     for target, summary in record["summary"].items():
         print(f"{target}: work ÷ {args.base}: calls/s ×{summary['calls_per_s_ratio_median']}, server CPU per call "
-              f"×{summary['server_cpu_ratio_median']}; work faster in {summary['pairs_work_faster']} of "
+              f"×{summary['server_cpu_ratio_median']}, p99 ×{summary['p99_ratio_median']}; work faster in "
+              f"{summary['pairs_work_faster']} of "
               f"{summary['pairs']} pairs, cheaper in {summary['pairs_work_cheaper']}; errors {summary['errors']}")
     print(f"raw results: {save(record, args.results_dir, 'ab-')}")
     return 0
