@@ -39,7 +39,9 @@ class CallStream:
 
     def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines) -> None:
         self._request = request
-        self._headers = {**HEADERS, **headers}
+        # The caller's own headers; the SSE ones are added only when the answer is SSE (most calls end unopened,
+        # and a client that takes JSON then gets JSON: mcp_http.py).
+        self._headers = headers
         self._keepalive = keepalive
         self._events: collections.deque[dict[str, Any]] = collections.deque()
         self._deadlines = deadlines
@@ -70,6 +72,9 @@ class CallStream:
         self._open()
         self._wake(False)
 
+    def _sse_headers(self) -> dict[str, str]:
+        return {**HEADERS, **self._headers}
+
     def _open(self) -> None:
         if self._pump is None and not self._finished:
             self._pump = asyncio.ensure_future(self._run())
@@ -82,7 +87,7 @@ class CallStream:
     async def _run(self) -> None:
         """Owns the open stream: headers, queued events (those queued together in one write), keep-alives, until
         `finish`."""
-        response = self._response = web.StreamResponse(headers=self._headers)
+        response = self._response = web.StreamResponse(headers=self._sse_headers())
         loop = asyncio.get_running_loop()
         try:
             await response.prepare(self._request)
@@ -112,7 +117,8 @@ class CallStream:
         self._finished = True
         self._timer.cancel()
         if self._pump is None:
-            return web.Response(body=bodies.sse_body(message), headers=self._headers)  # nothing was streamed: one body
+            # Nothing was streamed: the whole stream in one body.
+            return web.Response(body=bodies.sse_body(message), headers=self._sse_headers())
         self._wake(False)
         await self._pump
         assert self._response is not None
