@@ -295,6 +295,17 @@ async def test_long_calls_get_keepalive_comments(stack: Stack) -> None:
     assert sse_events(text)[-1]["result"]["structuredContent"] == {"value": {"slept": 0.7}}
 
 
+async def test_a_stream_silent_after_its_notifications_gets_keepalive_comments_until_the_result(
+        stack: Stack) -> None:
+    session = await stack.initialize()
+    params = {"name": "fault__progress", "arguments": {"steps": 2, "pause": 0.7}, "_meta": {"progressToken": "t"}}
+    response = await stack.post(call("tools/call", params, id=4), Accept=SSE, **{"Mcp-Session-Id": session})
+    text = await response.text()
+    after_progress = text[text.rindex("notifications/progress"):]
+    assert ": keep-alive" in after_progress.split('"id":4')[0]
+    assert sse_events(text)[-1]["result"]["structuredContent"] == {"value": {"steps": 2}}
+
+
 async def test_sse_data_lines_stay_single_line_for_multiline_results(stack: Stack) -> None:
     session = await stack.initialize()
     params = {"name": "fault__echo", "arguments": {"text": "line 1\nline 2\n\ndata: fake"}}
