@@ -4,8 +4,10 @@ Owns one question the peer harness (`../shared/peers-bench`) does not answer: ho
 front of a stdio child can get at all. It runs, in the same rounds with the order rotated, the harness's own
 load client (`load.py`: one MCP session, N `tools/call echo` in flight) against the harness's echo server
 behind: `mcprelay-json` and `mcprelay-sse` (`bench/mcprelay.py`, the least such a relay does, answering as JSON
-or as SSE), `gatewayd` (an installed copy of this checkout, audit on, as the harness runs it) and
-`contextforge` (the harness's ContextForge translate install, if present). Prints calls/s, p50 and p99 per
+or as SSE), `gatewayd` (an installed copy of this checkout, audit on, as the harness runs it), `gatewayd-modern`
+(the same daemon on the MCP 2026-07-28 stateless path, which `load.py` does not speak: `bench/modernload.py` runs
+it with only the request changed) and `contextforge` (the harness's ContextForge translate install, if
+present). Prints calls/s, p50 and p99 per
 target and concurrency (medians over rounds) and the per-round ratios to ContextForge; writes the record to
 `bench/results/beside-<stamp>.json`.
 
@@ -45,6 +47,9 @@ PORT_DEADLINE = 60.0
 # Seconds load.py may run beyond its measured window before it counts as hung.
 LOAD_SLACK = 60.0
 MCPRELAY_JSON, MCPRELAY_SSE, GATEWAYD, CONTEXTFORGE = "mcprelay-json", "mcprelay-sse", "gatewayd", "contextforge"
+# The same daemon on its 2026-07-28 stateless path, driven by load.py through bench/modernload.py.
+GATEWAYD_MODERN = "gatewayd-modern"
+MODERNLOAD = ROOT / "bench" / "modernload.py"
 
 
 def gatewayd_config(root: Path, echo_argv: list[str]) -> str:
@@ -86,10 +91,12 @@ async def wait_for_port(port: int, proc: asyncio.subprocess.Process) -> None:
     raise RuntimeError(f"nothing listened on port {port} within {PORT_DEADLINE:g}s (exit {proc.returncode})")
 
 
-async def load(python: Path, harness: Path, url: str, concurrency: int, args: argparse.Namespace,
-               token: str | None, tool: str) -> dict[str, Any]:
-    """One load.py measurement; its JSON record."""
-    argv = [str(python), str(harness / "load.py"), url, "-c", str(concurrency), "-d", str(args.duration),
+async def load(python: Path, harness: Path, target: Target, concurrency: int,
+               args: argparse.Namespace) -> dict[str, Any]:
+    """One load.py measurement (as bench/modernload.py for a 2026-07-28 target); its JSON record."""
+    url, token, tool, modern = target
+    client = [str(MODERNLOAD), str(harness)] if modern else [str(harness / "load.py")]
+    argv = [str(python), *client, url, "-c", str(concurrency), "-d", str(args.duration),
             "-w", str(args.warmup), "--tool", tool, "--json", "--wait-ready", "30"]
     if token:
         argv += ["--token", token]
@@ -105,7 +112,8 @@ async def load(python: Path, harness: Path, url: str, concurrency: int, args: ar
     return record
 
 
-Targets = dict[str, tuple[str, str | None, str]]  # name -> (URL, bearer token, tool name)
+Target = tuple[str, str | None, str, bool]  # URL, bearer token, tool name, spoken to as MCP 2026-07-28
+Targets = dict[str, Target]
 
 
 async def start_relays(echo_argv: list[str], servers: list[ServerProcess], targets: Targets) -> None:
@@ -115,7 +123,7 @@ async def start_relays(echo_argv: list[str], servers: list[ServerProcess], targe
         relay = ServerProcess(name, floor_argv("bench.mcprelay"), env=bench_env(
             {TOKEN_ENV: token, CHILD_ENV: shlex.join(echo_argv), SSE_ENV: sse}))
         servers.append(relay)
-        targets[name] = (await relay.start(), token, "echo")
+        targets[name] = (await relay.start(), token, "echo", False)
 
 
 async def start_contextforge(python: Path, echo_argv: list[str],
@@ -137,8 +145,7 @@ async def rounds(targets: Targets, load_python: Path, args: argparse.Namespace) 
     for round_ in range(args.rounds):
         for concurrency in args.concurrency:
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                url, token, tool = targets[name]
-                record = await load(load_python, args.harness.resolve(), url, concurrency, args, token, tool)
+                record = await load(load_python, args.harness.resolve(), targets[name], concurrency, args)
                 record.update(target=name, round=round_)
                 results.append(record)
                 print(f"round {round_ + 1} {name:14} c={concurrency:<3} {record['calls_per_s']:8.0f} calls/s "
@@ -167,11 +174,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             daemon = ServerProcess(GATEWAYD, daemon_argv(config, ["--watch-config", "false"]), env=bench_env(),
                                    cwd=config)
             servers.append(daemon)
-            targets[GATEWAYD] = (await daemon.start(), gw_token, "echo__echo")
+            targets[GATEWAYD] = (await daemon.start(), gw_token, "echo__echo", False)
+            targets[GATEWAYD_MODERN] = (targets[GATEWAYD][0], gw_token, "echo__echo", True)
             if cf_python.exists() and not args.no_contextforge:
                 (Path(tmp) / "cf").mkdir()
                 cf_proc, cf_url = await start_contextforge(cf_python, echo_argv, Path(tmp) / "cf")
-                targets[CONTEXTFORGE] = (cf_url, None, "echo")
+                targets[CONTEXTFORGE] = (cf_url, None, "echo", False)
             results = await rounds(targets, load_python, args)
         finally:
             for server in servers:

@@ -51,12 +51,11 @@ INITIALIZED_BODY: Final = compact({"jsonrpc": "2.0", "method": "notifications/in
 # method and name in headers too.
 MODERN_VERSION: Final = "2026-07-28"
 MODERN_HEADERS: Final = {VERSION_HEADER: MODERN_VERSION, "Mcp-Method": "tools/call", "Mcp-Name": TOOL_NAME}
+MODERN_META: Final = {"io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+                      "io.modelcontextprotocol/clientCapabilities": {},
+                      "io.modelcontextprotocol/clientInfo": {"name": "gatewayd-bench", "version": "0"}}
 MODERN_TOOL_CALL_BODY: Final = compact(request("tools/call", {
-    "name": TOOL_NAME, "arguments": ECHO_PARAMS,
-    "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
-              "io.modelcontextprotocol/clientCapabilities": {},
-              "io.modelcontextprotocol/clientInfo": {"name": "gatewayd-bench", "version": "0"}},
-}))
+    "name": TOOL_NAME, "arguments": ECHO_PARAMS, "_meta": MODERN_META}))
 # The floor's canned reply: exactly what gatewayd answers to DIRECT_BODY.
 CANNED_REPLY: Final = compact({"jsonrpc": "2.0", "id": HTTP_CALL_ID, "result": ECHO_PARAMS})
 
