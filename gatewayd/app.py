@@ -146,8 +146,8 @@ class Daemon:
         finally:
             await state.gateway.surfaces.close()
             await state.pool.stop_all(state.generation.servers)
-            # Last, so the outcomes of calls that finished while draining are written.
-            await state.audit.close()
+            # Last, so the outcomes of calls that finished while draining, or just now, are written.
+            await state.gateway.records.close()
         logger.info("stopped")
 
 

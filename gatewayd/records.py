@@ -91,6 +91,12 @@ class Records:
             loop.call_soon(self._record_ended)
         self._ended.append((call, status, seconds, fields))
 
+    async def close(self) -> None:
+        """Record the outcomes still waiting for their loop turn, then close the audit log (last, at shutdown: a
+        call that ended in the same turn would otherwise find the log closed)."""
+        self._record_ended()
+        await self.audit.close()
+
     def _record_ended(self) -> None:
         ended, self._ended = self._ended, []
         for call, status, seconds, fields in ended:

@@ -55,3 +55,16 @@ def test_off_a_loop_an_outcome_is_recorded_at_once() -> None:
     records = Records(AuditLog(None), metrics)
     records.outcome(_call(1), "timeout", error_code=-32001)
     assert metrics.calls[("s", "add", "timeout")] == 1
+
+
+async def test_outcomes_of_the_last_loop_turn_are_written_before_the_log_closes(tmp_path: Path) -> None:
+    trail = tmp_path / "audit.jsonl"
+    audit_log = AuditLog(trail)
+    await audit_log.start()
+    records = Records(audit_log, Metrics())
+    call = _call(7)
+    records.allowed(call, "role 'dev'")
+    records.outcome(call, "cancelled")  # in the same turn as the shutdown's close: its turn never comes
+    await records.close()
+    written = [json.loads(line) for line in trail.read_text().splitlines()]
+    assert [(r["event"], r["request_id"], r["status"]) for r in written] == [("outcome", 7, "cancelled")]
