@@ -72,9 +72,6 @@ class CallStream:
         self._open()
         self._wake(False)
 
-    def _sse_headers(self) -> dict[str, str]:
-        return {**HEADERS, **self._headers}
-
     def _open(self) -> None:
         if self._pump is None and not self._finished:
             self._pump = asyncio.ensure_future(self._run())
@@ -87,7 +84,7 @@ class CallStream:
     async def _run(self) -> None:
         """Owns the open stream: headers, queued events (those queued together in one write), keep-alives, until
         `finish`."""
-        response = self._response = web.StreamResponse(headers=self._sse_headers())
+        response = self._response = web.StreamResponse(headers={**HEADERS, **self._headers})
         loop = asyncio.get_running_loop()
         try:
             await response.prepare(self._request)
@@ -117,8 +114,7 @@ class CallStream:
         self._finished = True
         self._timer.cancel()
         if self._pump is None:
-            # Nothing was streamed: the whole stream in one body.
-            return web.Response(body=bodies.sse_body(message), headers=self._sse_headers())
+            return whole(message, self._headers)  # nothing was streamed
         self._wake(False)
         await self._pump
         assert self._response is not None
