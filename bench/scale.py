@@ -17,7 +17,8 @@ loopback only, with its goal judged at the end:
 - `streaming`: 100 concurrent MCP `tools/call`s in one session, each streaming 100 progress notifications a second
   for 10 s (`bench/progsrv.py`, stamped with the wall time they were written; read by a process of their own,
   bench/streams.py), while direct calls run at 4 in flight beside them, timed in this process. Goals: none lost,
-  p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded.
+  p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded. With them, how many cores the daemon,
+  its children, the streams' reader and the other calls' driver kept busy meanwhile (the machine has 2).
 - `notifications`: the same streams with nothing beside them, and the daemon's CPU time per relayed notification
   (no goal: the figure that says what a streaming call costs, steadier than the other calls' p99).
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -371,7 +373,21 @@ async def notifications(root: Path, python: Path) -> dict[str, Any]:
             "daemon_cpu_us_per_notification": round(spent / received * 1e6, 1) if received else None}
 
 
+def _cpu_by_process(processes: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of each group of processes, and of this one (the other calls' driver)."""
+    spent = {name: cpu_seconds(pids) for name, pids in processes.items()}
+    own = os.times()
+    return {**spent, "driver": own.user + own.system}
+
+
+def _cores_busy(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """How many of the machine's cores each process kept busy: whether the daemon under test had the CPU to itself."""
+    busy = {name: round((after[name] - before[name]) / seconds, 2) for name in before}
+    return {**busy, "total": round(sum(busy.values()), 2)}
+
+
 async def streaming(root: Path, python: Path) -> dict[str, Any]:
+    """100 streaming calls, and other calls beside them (see the module's docstring)."""
     config_dir = root / "streaming"
     token = _streaming_config(config_dir)
     daemon = _daemon(config_dir, python)
@@ -384,8 +400,11 @@ async def streaming(root: Path, python: Path) -> dict[str, Any]:
             session = SseTarget("sse", http, url, token, daemon.pid)
             await session.open_session()
             streams = await _streams_process(url, token, session)
+            processes = {"daemon": [daemon.pid], "children": descendants(daemon.pid), "streams": [streams.pid]}
+            before, started = _cpu_by_process(processes), time.monotonic()
             # The other calls run while every stream is going, timed in this process alone.
             loaded = await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
+            cores = _cores_busy(before, _cpu_by_process(processes), time.monotonic() - started)
             out, _ = await asyncio.wait_for(streams.communicate(), STREAM_SECONDS * 6)
             results = json.loads(out)
     finally:
@@ -403,6 +422,7 @@ async def streaming(root: Path, python: Path) -> dict[str, Any]:
         "other_calls": {"unloaded_p99_ms": round(unloaded.p99_ms, 2), "loaded_p99_ms": round(loaded.p99_ms, 2),
                         "ratio": round(ratio, 2), "loaded_calls_per_s": round(loaded.calls_per_s),
                         "errors": loaded.errors},
+        "cores_busy": cores,
         "goals": {"none_lost": received == expected, "notification_p99_at_most_50ms": p99 <= GOAL_NOTIFICATION_P99_MS,
                   "other_p99_at_most_2x": ratio <= GOAL_OTHER_P99_RATIO},
     }
