@@ -8,6 +8,7 @@ import pytest
 
 from gatewayd.config.loader import ConfigInvalid, load_snapshot
 from gatewayd.config.models import parse_duration
+from gatewayd.settings import Settings
 from tests.daemon import REPO, write_config
 
 CALC = 'command = ["python3", "-m", "gatewayd.examples.calc"]\nprotocol = "jsonrpc"\n[methods.add]\n'
@@ -33,6 +34,15 @@ def test_a_server_is_named_by_its_file_and_gets_defaults(tmp_path: Path) -> None
     server = load_snapshot(tmp_path).servers["calc"]
     assert server.argv == ["python3", "-m", "gatewayd.examples.calc"]
     assert (server.start, server.call_timeout, server.idle_timeout) == ("on-demand", 30.0, 600.0)
+
+
+def test_a_lone_client_at_its_default_post_limit_is_not_queued_by_a_server_with_default_slots(tmp_path: Path) -> None:
+    # A call waiting for a slot costs more than one the child queues (bench/README.md); the default share of a
+    # server's slots must hold every call one client may have open by default.
+    write_config(tmp_path, {"calc": CALC})
+    server = load_snapshot(tmp_path).servers["calc"]
+    assert (server.max_in_flight, server.client_slots, server.max_queued, server.client_queue) == (64, 48, 64, 32)
+    assert server.client_slots >= Settings().client_max_concurrent
 
 
 def test_command_may_be_a_string_with_args(tmp_path: Path) -> None:
