@@ -18,7 +18,9 @@ loopback only, with its goal judged at the end:
   for 10 s (`bench/progsrv.py`, stamped with the wall time they were written; read by a process of their own,
   bench/streams.py), while direct calls run at 4 in flight beside them, timed in this process. Goals: none lost,
   p99 notification latency ≤ 50 ms, the other calls' p99 ≤ 2× unloaded. With them, how many cores the daemon,
-  its children, the streams' reader and the other calls' driver kept busy meanwhile (the machine has 2).
+  its children, the streams' reader and the other calls' driver kept busy meanwhile (the machine has 2), and a
+  control: the other calls' p99 once more, with no streams, beside processes that only burn as much CPU as the
+  load's own processes outside the daemon (the progress server, the streams' reader) did (bench/burner.py).
 - `notifications`: the same streams with nothing beside them, and the daemon's CPU time per relayed notification
   (no goal: the figure that says what a streaming call costs, steadier than the other calls' p99).
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
@@ -45,7 +47,7 @@ from typing import Any, Final
 import aiohttp
 
 from bench import wire
-from bench.driver import JsonTarget, ModernTarget, SseTarget, client_session, run_load
+from bench.driver import JsonTarget, LoadResult, ModernTarget, SseTarget, client_session, run_load
 from bench.procs import (
     ECHO_TOML,
     ROLE,
@@ -373,6 +375,31 @@ async def notifications(root: Path, python: Path) -> dict[str, Any]:
             "daemon_cpu_us_per_notification": round(spent / received * 1e6, 1) if received else None}
 
 
+def _children_by_role(daemon_pid: int) -> dict[str, list[int]]:
+    """The daemon's children: the progress server (part of the load) and the echo server (the other calls')."""
+    roles: dict[str, list[int]] = {"progress_server": [], "echo_server": []}
+    for pid in descendants(daemon_pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        roles["progress_server" if PROGSRV.name.encode() in command else "echo_server"].append(pid)
+    return roles
+
+
+async def _beside_burners(direct: JsonTarget, shares: list[float]) -> LoadResult:
+    """The other calls beside processes that only burn CPU, each as much of a core as one of the streaming load's
+    processes outside the daemon used (no streams): what that load costs the other calls by taking cores alone."""
+    burners = [await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.burner", f"{share:.3f}", cwd=CHECKOUT)
+               for share in shares]
+    try:
+        return await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
+    finally:
+        for burner in burners:
+            burner.kill()
+            await burner.wait()
+
+
 def _cpu_by_process(processes: dict[str, list[int]]) -> dict[str, float]:
     """CPU seconds so far of each group of processes, and of this one (the other calls' driver)."""
     spent = {name: cpu_seconds(pids) for name, pids in processes.items()}
@@ -400,13 +427,14 @@ async def streaming(root: Path, python: Path) -> dict[str, Any]:
             session = SseTarget("sse", http, url, token, daemon.pid)
             await session.open_session()
             streams = await _streams_process(url, token, session)
-            processes = {"daemon": [daemon.pid], "children": descendants(daemon.pid), "streams": [streams.pid]}
+            processes = {"daemon": [daemon.pid], **_children_by_role(daemon.pid), "streams": [streams.pid]}
             before, started = _cpu_by_process(processes), time.monotonic()
             # The other calls run while every stream is going, timed in this process alone.
             loaded = await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
             cores = _cores_busy(before, _cpu_by_process(processes), time.monotonic() - started)
             out, _ = await asyncio.wait_for(streams.communicate(), STREAM_SECONDS * 6)
             results = json.loads(out)
+            beside_burners = await _beside_burners(direct, [cores["progress_server"], cores["streams"]])
     finally:
         await daemon.stop()
     latencies = sorted(ms for each in results for ms in each["latencies"])
@@ -421,7 +449,10 @@ async def streaming(root: Path, python: Path) -> dict[str, Any]:
                           "p99_ms": round(p99, 1)},
         "other_calls": {"unloaded_p99_ms": round(unloaded.p99_ms, 2), "loaded_p99_ms": round(loaded.p99_ms, 2),
                         "ratio": round(ratio, 2), "loaded_calls_per_s": round(loaded.calls_per_s),
-                        "errors": loaded.errors},
+                        "errors": loaded.errors + beside_burners.errors,
+                        "beside_burners_p99_ms": round(beside_burners.p99_ms, 2),
+                        "beside_burners_ratio": round(beside_burners.p99_ms / unloaded.p99_ms, 2)
+                        if unloaded.p99_ms else None},
         "cores_busy": cores,
         "goals": {"none_lost": received == expected, "notification_p99_at_most_50ms": p99 <= GOAL_NOTIFICATION_P99_MS,
                   "other_p99_at_most_2x": ratio <= GOAL_OTHER_P99_RATIO},
