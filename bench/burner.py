@@ -1,4 +1,5 @@
-"""A process that only keeps part of a core busy: `python -m bench.burner SHARE` (0–1), in 10 ms periods.
+"""A process that only keeps part of a core busy: `python -m bench.burner SHARE SECONDS` (SHARE 0–1, in 10 ms
+periods), for SECONDS at most.
 
 bench.scale's streaming target runs the other calls once more beside burners that use as much CPU as the
 streaming load's processes outside the daemon did, without any streams: what that load costs the other calls
@@ -14,8 +15,9 @@ from typing import Final
 PERIOD_S: Final = 0.01
 
 
-def main(share: float) -> None:
-    while True:
+def main(share: float, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
         start = time.perf_counter()
         while time.perf_counter() - start < share * PERIOD_S:
             pass
@@ -23,4 +25,4 @@ def main(share: float) -> None:
 
 
 if __name__ == "__main__":
-    main(min(max(float(sys.argv[1]), 0.0), 1.0))
+    main(min(max(float(sys.argv[1]), 0.0), 1.0), float(sys.argv[2]))

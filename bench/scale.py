@@ -390,9 +390,13 @@ def _children_by_role(daemon_pid: int) -> dict[str, list[int]]:
 async def _beside_burners(direct: JsonTarget, shares: list[float]) -> LoadResult:
     """The other calls beside processes that only burn CPU, each as much of a core as one of the streaming load's
     processes outside the daemon used (no streams): what that load costs the other calls by taking cores alone."""
-    burners = [await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.burner", f"{share:.3f}", cwd=CHECKOUT)
-               for share in shares]
+    burners: list[asyncio.subprocess.Process] = []
     try:
+        # One at a time, so that each one started is stopped below even if a later one fails to start; each also
+        # ends by itself soon after the load, should this process be gone before it can stop them.
+        for share in shares:
+            burners.append(await asyncio.create_subprocess_exec(  # noqa: PERF401
+                sys.executable, "-m", "bench.burner", f"{share:.3f}", str(STREAM_SECONDS * 2), cwd=CHECKOUT))
         return await run_load(direct, OTHER_CONCURRENCY, STREAM_SECONDS - 3, 1.0)
     finally:
         for burner in burners:
