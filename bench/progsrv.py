@@ -4,8 +4,10 @@ notifications S seconds apart (each stamped with the wall time it was written, i
 Standard library only. Every running call is paced by one scheduler thread (a heap of due times), each
 notification its own line and its own write, as a thread per call would send it. A thread per call cost this
 child ~30 µs of CPU a notification (100 threads waking 10,000 times a second, each taking the GIL), 0.3 of a core
-the daemon under test shared on a 2-core machine; one scheduler ~21 µs (bench/README.md). Run as a file (`python3 bench/progsrv.py`): the installed
-copies the bench runs on do not have the checkout's `bench` package.
+the daemon under test shared on a 2-core machine; one scheduler ~21 µs (bench/README.md).
+
+Run as a file (`python3 bench/progsrv.py`): the installed copies the bench runs on do not have the checkout's
+`bench` package.
 """
 
 from __future__ import annotations

@@ -193,6 +193,11 @@ def _observe(state: DaemonState, reloader: Reloader) -> None:
             status = server.status()
             yield ("gatewayd_server_calls_in_flight", "Calls running on each server.", {"server": server.name},
                    status["in_flight"])
+            yield ("gatewayd_server_calls_waiting", "Calls waiting for one of a server's max_in_flight slots.",
+                   {"server": server.name}, status["waiting"])
+            yield ("gatewayd_server_calls_queued_total", "Calls that had to wait for a slot, by server (a rising "
+                   "count says its max_in_flight is short for its load).", {"server": server.name},
+                   status["queued_total"])
         yield "gatewayd_sessions", "Open MCP sessions.", {}, len(state.sessions)
         yield "gatewayd_pending_approvals", "Calls waiting for a person's confirmation.", {}, len(state.approvals)
         yield "gatewayd_reloads_total", "Config reloads applied.", {}, reloader.reloads

@@ -430,7 +430,8 @@ def _status(args: argparse.Namespace) -> int:
         _say(f"last reload FAILED ({last['trigger']}):")
         for error in last["errors"]:
             _say(f"  {error}")
-    rows: list[tuple[str, ...]] = [("SERVER", "STATE", "ERA", "PID", "UPTIME", "RESTARTS", "IN FLIGHT", "LAST EXIT")]
+    rows: list[tuple[str, ...]] = [("SERVER", "STATE", "ERA", "PID", "UPTIME", "RESTARTS", "IN FLIGHT", "WAITING",
+                                   "LAST EXIT")]
     for name, server in body["servers"].items():
         rows.append(_server_row(name, server))
         # A per-client or per-session server's children, one row each under it, named by their owner.
@@ -461,7 +462,8 @@ def _server_row(name: str, server: dict[str, Any]) -> tuple[str, ...]:
     # The MCP era a child was last spoken to in (`-`: not MCP, or not started yet).
     return (name, server["state"], server.get("era") or "-", str(server.get("pid") or "-"),
             f"{uptime:.0f}s" if uptime is not None else "-",
-            str(server.get("restarts", 0)), str(server.get("in_flight", 0)), str(server.get("last_exit") or ""))
+            str(server.get("restarts", 0)), str(server.get("in_flight", 0)), str(server.get("waiting", 0)),
+            str(server.get("last_exit") or ""))
 
 
 def _reload(args: argparse.Namespace) -> int:

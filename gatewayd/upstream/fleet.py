@@ -271,5 +271,6 @@ class Fleet:
         status.update(state=str(self.state), isolation=self.isolation, children=children,
                       in_flight=status["in_flight"] + sum(row["in_flight"] for row in children),
                       waiting=status["waiting"] + sum(row["waiting"] for row in children),
+                      queued_total=status["queued_total"] + sum(row["queued_total"] for row in children),
                       restarts=self.restarts)
         return status

@@ -111,6 +111,8 @@ class ToolServer:
         self._deadlines = Deadlines()
         self._slots = Slots(config.max_in_flight, self._deadlines, config.client_slots)
         self._waiting = 0
+        # Calls that had to wait for a slot since this server was made: a rising count says max_in_flight is short.
+        self.queued_total = 0
         self._active = 0
         self._last_activity = time.monotonic()
         self._crashes: list[float] = []
@@ -373,6 +375,7 @@ class ToolServer:
         self._touch()
 
     async def _wait_for_slot(self, timeout: float, client: str) -> None:
+        self.queued_total += 1
         self._busy(0, 1)
         try:
             if not await self._slots.wait(timeout, client):
@@ -497,6 +500,7 @@ class ToolServer:
             "era": self.dialect.era,
             "in_flight": self._active,
             "waiting": self._waiting,
+            "queued_total": self.queued_total,
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "uptime_s": round(time.time() - self.started_at, 3) if self.pid and self.started_at else None,

@@ -37,9 +37,11 @@ async def test_status_approvals_and_unknown_ids_against_a_live_daemon(
         code, out, _ = await gatewayctl(tmp_path, "status")
         assert code == 0 and "pending approvals 0" in out and "fault" in out and "stopped" in out
         assert f"listening on {daemon.url}\n" in out
+        assert "IN FLIGHT  WAITING" in out  # calls waiting for a slot: whether max_in_flight is short
         code, out, _ = await gatewayctl(tmp_path, "status", "--json")
         status = json.loads(out)
         assert code == 0 and status["servers"]["fault"]["state"] == "stopped" and status["audit"]["healthy"]
+        assert (status["servers"]["fault"]["waiting"], status["servers"]["fault"]["queued_total"]) == (0, 0)
         assert status["url"] == daemon.url
         code, out, _ = await gatewayctl(tmp_path, "approvals")
         assert code == 0 and out.strip() == "no calls are waiting for confirmation"

@@ -79,3 +79,38 @@ async def test_a_call_waiting_for_approval_is_a_pending_approval(tmp_path: Path)
         [approval] = state.approvals.pending()
         state.approvals.decide(approval.id, approve=False, by="test", channel="gatewayctl")
         await (await call).read()
+
+
+async def test_calls_waiting_for_a_slot_are_counted_while_they_wait_and_after(tmp_path: Path) -> None:
+    # One slot: a sleeping call holds it, the next waits for it; the operator sees that wait on /metrics (and
+    # `gatewayctl status`), which says the server's max_in_flight is short for its load.
+    server = python_command(str(FAULTSRV)) + '\nprotocol = "jsonrpc"\nmax_in_flight = 1\n[methods.sleep]\n' \
+        '[methods.echo]\n'
+    tokens = write_config(tmp_path, {"spy": server}, '[roles.r]\nallow = ["spy.*"]\n', {"c": ["r"]})
+    async with running_stack(tmp_path) as (client, state):
+        auth = {"Authorization": f"Bearer {tokens['c']}", "Content-Type": "application/json"}
+        assert state.metrics_text is not None
+        await client.post("/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "spy.echo"}, headers=auth)
+        text = await state.metrics_text()
+        assert sample(text, 'gatewayd_server_calls_waiting{server="spy"}') == 0
+        assert sample(text, 'gatewayd_server_calls_queued_total{server="spy"}') == 0
+
+        async def call(request_id: int, method: str, params: dict[str, float]) -> dict[str, object]:
+            response = await client.post("/mcp", json={"jsonrpc": "2.0", "id": request_id, "method": method,
+                                                       "params": params}, headers=auth)
+            answer: dict[str, object] = await response.json()
+            return answer
+
+        sleeping = asyncio.create_task(call(1, "spy.sleep", {"seconds": 0.5}))
+        await eventually(lambda: state.generation.servers["spy"].status()["in_flight"] == 1, what="the sleep runs")
+        waiting = asyncio.create_task(call(2, "spy.echo", {}))
+        await eventually(lambda: state.generation.servers["spy"].status()["waiting"] == 1, what="the echo waits")
+        text = await state.metrics_text()
+        assert sample(text, 'gatewayd_server_calls_in_flight{server="spy"}') == 1
+        assert sample(text, 'gatewayd_server_calls_waiting{server="spy"}') == 1
+        assert sample(text, 'gatewayd_server_calls_queued_total{server="spy"}') == 1
+        assert "# TYPE gatewayd_server_calls_queued_total counter" in text
+        assert (await sleeping)["result"] == {"slept": 0.5} and (await waiting)["result"] == {}
+        text = await state.metrics_text()
+        assert sample(text, 'gatewayd_server_calls_waiting{server="spy"}') == 0
+        assert sample(text, 'gatewayd_server_calls_queued_total{server="spy"}') == 1
