@@ -90,6 +90,8 @@ class Fleet:
         # Stops of children whose owner went away, running; owned here so `stop` waits for them.
         self._stopping: set[asyncio.Task[None]] = set()
         self.retired: str | None = None
+        # Calls that waited for a slot of a child since gone, so the server's count never goes back.
+        self._queued_by_gone = 0
 
     # -- what the pipeline asks ------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class Fleet:
             unwatch()
         if child is not None:
             self._budget.give()
+            self._queued_by_gone += child.queued_total
         return child
 
     def _drop(self, key: str, why: str) -> None:
@@ -271,6 +274,7 @@ class Fleet:
         status.update(state=str(self.state), isolation=self.isolation, children=children,
                       in_flight=status["in_flight"] + sum(row["in_flight"] for row in children),
                       waiting=status["waiting"] + sum(row["waiting"] for row in children),
-                      queued_total=status["queued_total"] + sum(row["queued_total"] for row in children),
+                      queued_total=status["queued_total"] + self._queued_by_gone
+                      + sum(row["queued_total"] for row in children),
                       restarts=self.restarts)
         return status

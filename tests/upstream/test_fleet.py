@@ -194,3 +194,19 @@ def test_a_child_s_stderr_tail_puts_error_lines_and_tracebacks_first() -> None:
     assert tail[:3] == ("Traceback (most recent call last):", '  File "agent.py", line 3, in <module>',
                         "ValueError: bad input")
     assert len(tail) == STDERR_TAIL_LINES and tail[-1] == "INFO chatter 29"
+
+
+async def test_a_session_server_s_count_of_calls_that_waited_keeps_those_of_ended_sessions(
+        tmp_path: Path, fleets: list[Fleet]) -> None:
+    # The count is a Prometheus counter (gatewayd_server_calls_queued_total): a child going away with its session
+    # must not take its calls out of it.
+    server = fleet(tmp_path, "session", max_in_flight=1)
+    fleets.append(server)
+    owner = session("a")
+    sleeping = asyncio.create_task(server.call_method("sleep", {"seconds": 0.3}, by("a", owner)))
+    await eventually(lambda: server.status()["in_flight"] == 1, what="the sleep holds the child's one slot")
+    await asyncio.gather(sleeping, pid(server, by("a", owner)))
+    assert server.status()["queued_total"] == 1 and server.status()["waiting"] == 0
+    owner.end()
+    await eventually(lambda: not server.status()["children"], what="the ended session's child is let go")
+    assert server.status()["queued_total"] == 1
