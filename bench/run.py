@@ -73,11 +73,14 @@ CHILD = "child-direct"
 TARGETS = (FLOOR, RELAY, GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN, CHILD)
 GATEWAYD_TARGETS = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN)
 
-# The issue's goals.
-GOAL_RATIO = 0.5
-# The issue says 50 MB: judged in decimal megabytes, the stricter reading (MiB are reported too).
-GOAL_IDLE_RSS_MB = 50.0
-GOAL_LAUNCH_S = 0.5
+# Issue 20's goals that this run can judge: gatewayd ≥ 0.8× the relay floor (aiohttp in front of the same child,
+# nothing else) at every concurrency on every path; idle RSS ≤ 45 MB, in decimal megabytes, the stricter reading
+# (MiB are reported too); launch → first call ≤ 0.16 s. The issue judges the launch in the peer harness
+# (../shared/peers-bench), beside the aiohttp floor's own: this run's figure is its own launch, for a change's
+# direction.
+GOAL_RELAY_RATIO = 0.8
+GOAL_IDLE_RSS_MB = 45.0
+GOAL_LAUNCH_S = 0.16
 MIB = 1024 * 1024
 MB = 1_000_000
 
@@ -237,19 +240,24 @@ def summarise(results: list[dict[str, Any]], names: list[str], concurrency: list
 
 
 def goals(rows: list[dict[str, Any]], memory: dict[str, Any], launches: dict[str, list[Launch]]) -> dict[str, Any]:
-    """The issue's three goals, each with the figure it was judged on."""
-    ratios = {f"{r['target']}@{r['concurrency']}": r["vs_floor"] for r in rows
-              if r["target"] in GATEWAYD_TARGETS and r["vs_floor"] is not None}
+    """The issue's goals this run can judge, each with the figure it was judged on (a goal whose figure this run
+    did not measure, such as the relay ratio without the floor-relay target, is not judged)."""
+    ratios = {f"{r['target']}@{r['concurrency']}": r["vs_relay"] for r in rows
+              if r["target"] in GATEWAYD_TARGETS and r["vs_relay"] is not None}
     idle_bytes = memory["daemon_idle_kib"] * KIB
-    launch_s = _median([launch.first_call_s for launch in launches.get("gatewayd", [])])
-    return {
-        "ratio_at_least_0.5": {"met": bool(ratios) and min(ratios.values()) >= GOAL_RATIO,
-                               "ratios": {key: round(value, 3) for key, value in ratios.items()}},
-        "idle_rss_at_most_50MB": {"met": idle_bytes / MB <= GOAL_IDLE_RSS_MB, "MB": round(idle_bytes / MB, 1),
-                                  "MiB": round(idle_bytes / MIB, 1)},
-        "launch_to_first_call_at_most_0.5s": {"met": bool(launches.get("gatewayd")) and launch_s <= GOAL_LAUNCH_S,
-                                              "seconds": round(launch_s, 3)},
-    }
+    judged: dict[str, Any] = {}
+    if ratios:
+        judged["relay_ratio_at_least_0.8"] = {"met": min(ratios.values()) >= GOAL_RELAY_RATIO,
+                                              "ratios": {key: round(value, 3) for key, value in ratios.items()}}
+    judged["idle_rss_at_most_45MB"] = {"met": idle_bytes / MB <= GOAL_IDLE_RSS_MB, "MB": round(idle_bytes / MB, 1),
+                                       "MiB": round(idle_bytes / MIB, 1)}
+    if launches.get("gatewayd"):
+        launch_s = _median([launch.first_call_s for launch in launches["gatewayd"]])
+        floors = [launch.first_call_s for launch in launches.get(FLOOR, [])]
+        judged["launch_to_first_call_at_most_0.16s"] = {
+            "met": launch_s <= GOAL_LAUNCH_S, "seconds": round(launch_s, 3),
+            "floor_seconds": round(_median(floors), 3) if floors else None}
+    return judged
 
 
 def _ratio(value: float | None) -> str:
