@@ -50,6 +50,9 @@ MCPRELAY_JSON, MCPRELAY_SSE, GATEWAYD, CONTEXTFORGE = "mcprelay-json", "mcprelay
 # The same daemon on its 2026-07-28 stateless path, driven by load.py through bench/modernload.py.
 GATEWAYD_MODERN = "gatewayd-modern"
 MODERNLOAD = ROOT / "bench" / "modernload.py"
+# Issue 20's goal 1 (calls/s part): gatewayd, on both paths, at least this many times ContextForge's at every
+# concurrency. Its p99 part needs the HTTP floor, which the peer harness runs and this does not.
+GOAL_PER_CONTEXTFORGE = 1.2
 
 
 def gatewayd_config(root: Path, echo_argv: list[str]) -> str:
@@ -187,8 +190,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             if cf_proc is not None and cf_proc.returncode is None:
                 cf_proc.terminate()
                 await asyncio.wait_for(cf_proc.wait(), PORT_DEADLINE)
+    summary = summarise(results, args)
     return {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "results": results, "summary": summarise(results, args)}
+            "results": results, "summary": summary, "goal": goal(summary)}
+
+
+def goal(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Goal 1's calls/s part, with the ratios it was judged on; None when ContextForge did not run."""
+    ratios = {f"{row['target']}@{row['concurrency']}": round(row["per_contextforge"], 3) for row in summary
+              if row["target"] in (GATEWAYD, GATEWAYD_MODERN) and row["per_contextforge"] is not None}
+    return {"met": min(ratios.values()) >= GOAL_PER_CONTEXTFORGE, "ratios": ratios} if ratios else None
 
 
 def summarise(results: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -237,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     record = asyncio.run(measure(args))
     print(report(record["summary"]))
+    verdict = record["goal"]
+    if verdict is not None:
+        print(f"goal at_least_{GOAL_PER_CONTEXTFORGE}x_contextforge: {'MET' if verdict['met'] else 'NOT MET'} "
+              f"{json.dumps(verdict['ratios'])}")
     print(f"record: {save(record, args.results_dir, 'beside-')}")
     return 0
 
