@@ -403,10 +403,11 @@ class Peer:
         """Whole stdout lines as they arrive, handled in the pipe's own callback."""
         if self._on_activity is not None:
             self._on_activity()
-        for index, line in enumerate(lines):
+        # By index, not enumerate(): an enumerate keeps its last (index, line) tuple for reuse, and with it the line.
+        for index in range(len(lines)):
             # Only the text is kept while it is parsed: a large answer is not held as its bytes too.
-            text = decode_line(line)
-            lines[index] = line = b""
+            text = decode_line(lines[index])
+            lines[index] = b""
             try:
                 self._handle_line(text)
             except Exception:  # a bug must not end the pipe, and with it every later answer of the child

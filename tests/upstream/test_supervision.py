@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,24 @@ async def test_a_10_mib_line_works(tmp_path: Path, servers: list[ToolServer]) ->
     size = 10 * 1024 * 1024
     result = await server.call_method("huge", {"size": size})
     assert len(result) == size
+
+
+async def test_a_large_answer_is_held_at_most_twice_while_it_is_read(tmp_path: Path, servers: list[ToolServer]) -> None:
+    # Its pieces and their join, then its text and what it parses to: never its bytes, text and value at once (an
+    # enumerate over the lines kept the bytes alive while they were parsed: 3×, bench.scale's payload goal's limit).
+    server = track(servers, fault_server(tmp_path))
+    await server.call_method("echo", {})
+    size = 4 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        result = await server.call_method("huge", {"size": size})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(result) == size
+    assert peak - before < 2.5 * size
 
 
 async def test_a_line_over_the_limit_is_dropped_and_the_next_one_works(
