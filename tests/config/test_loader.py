@@ -218,3 +218,26 @@ def test_era_is_refused_on_a_server_that_is_not_mcp(tmp_path: Path) -> None:
     write_config(tmp_path, {"calc": 'era = "legacy"\n' + CALC})
     (message,) = errors_of(tmp_path)
     assert "calc.toml:1 [era]" in message and 'only to a protocol = "mcp" server, not "jsonrpc"' in message
+
+
+def test_a_reload_sees_every_change_to_a_file_even_of_the_same_length(tmp_path: Path) -> None:
+    # Files are parsed again only when their bytes change: a change that keeps the length must still count.
+    write_config(tmp_path, {"calc": CALC + 'description = "aaaa"\n'})
+    assert load_snapshot(tmp_path).servers["calc"].methods["add"].description == "aaaa"
+    (tmp_path / "tools.d" / "calc.toml").write_text(CALC + 'description = "bbbb"\n')
+    assert load_snapshot(tmp_path).servers["calc"].methods["add"].description == "bbbb"
+    (tmp_path / "tools.d" / "calc.toml").write_text(CALC + 'description = "aaaa"\n')
+    assert load_snapshot(tmp_path).servers["calc"].methods["add"].description == "aaaa"
+
+
+def test_what_one_load_returns_cannot_change_the_next(tmp_path: Path) -> None:
+    # The parse kept for the next load is not the one the models were built from.
+    schema = ('[methods.add.input_schema]\ntype = "object"\nrequired = ["a"]\n'
+              '[methods.add.input_schema.properties.a]\ntype = "number"\n')
+    write_config(tmp_path, {"calc": CALC.replace("[methods.add]\n", "") + schema})
+    first = load_snapshot(tmp_path).servers["calc"].methods["add"].input_schema
+    assert first is not None
+    first["required"].append("b")
+    first["properties"]["a"]["type"] = "string"
+    second = load_snapshot(tmp_path).servers["calc"].methods["add"].input_schema
+    assert second == {"type": "object", "required": ["a"], "properties": {"a": {"type": "number"}}}
