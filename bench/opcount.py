@@ -1,0 +1,183 @@
+"""`python -m bench.opcount`: the Python bytecodes gatewayd's event loop runs for one call, by target and by function.
+
+Owns a measure that does not drift with the machine. Timing on this 2-core machine scatters by ~9% a pair
+(bench.ab), so a change of 2% cannot be seen that way; the instructions the daemon's main thread executes for a
+call are the same from run to run. The daemon runs with a tracer (`sys.settrace` with opcode events, the main
+thread only, switched on and off by SIGUSR2); each target makes `--calls` calls one at a time after a warm-up,
+with the tracer on, and the counts per function are read back.
+
+It counts Python work, not time: a call into C (JSON, a system call, the audit writer's thread) is one
+instruction however long it runs, and the tracer slows the daemon ~50× while on (the figures are per call, not per
+second). Use it to see how much Python a change adds or removes on a call's path, and where; use bench.ab for what
+that is worth in calls/s.
+
+Run: `.venv/bin/python -m bench.opcount --targets gatewayd-json,gatewayd-sse,gatewayd-modern --top 15`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import pickle
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+from bench.driver import JsonTarget, ModernTarget, SseTarget, Target, client_session
+from bench.procs import ServerProcess, bench_env, daemon_argv, install_copy, write_config
+from bench.run import GATEWAYD_JSON, GATEWAYD_MODERN, GATEWAYD_SSE, RESULTS_DIR, save
+
+TARGETS: Final = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN)
+DEFAULT_CALLS: Final = 200
+WARMUP_CALLS: Final = 100
+DEFAULT_TOP: Final = 20
+# Where the daemon writes its counts when the tracer is switched off.
+OUT_ENV: Final = "GATEWAYD_OPCOUNT_OUT"
+# The counts file appears once the daemon has handled the signal; it is polled this often, this long.
+POLL_S: Final = 0.05
+DUMP_DEADLINE_S: Final = 30.0
+# Run in the daemon's interpreter in place of `-m gatewayd`: the tracer, then the daemon as `python -m` runs it.
+HOOK: Final = f"""
+import collections, os, pickle, runpy, signal, sys
+counts = collections.Counter()
+def local(frame, event, arg):
+    if event == "opcode":
+        code = frame.f_code
+        counts[(code.co_filename, code.co_firstlineno, code.co_name)] += 1
+    return local
+def start(frame, event, arg):
+    frame.f_trace_opcodes = True
+    return local
+def toggle(signum, frame):
+    if sys.gettrace() is None:
+        counts.clear()
+        sys.settrace(start)
+        return
+    sys.settrace(None)
+    path = os.environ[{OUT_ENV!r}]
+    with open(path + ".part", "wb") as out:
+        pickle.dump(dict(counts), out)
+    os.replace(path + ".part", path)
+signal.signal(signal.SIGUSR2, toggle)
+sys.argv[0] = "gatewayd"
+runpy.run_module("gatewayd", run_name="__main__", alter_sys=True)
+"""
+
+
+def traced_argv(argv: list[str]) -> list[str]:
+    """The daemon's command with `-m gatewayd` replaced by the tracer's hook."""
+    at = argv.index("-m")
+    return [*argv[:at], "-c", HOOK, *argv[at + 2:]]
+
+
+async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) -> dict[tuple[str, int, str], int]:
+    """Opcodes per function over `calls` calls of `target`, made one at a time with the tracer on."""
+    for _ in range(WARMUP_CALLS):
+        await target.call()
+    await asyncio.to_thread(out.unlink, True)
+    os.kill(daemon.pid, signal.SIGUSR2)
+    for _ in range(calls):
+        await target.call()
+    os.kill(daemon.pid, signal.SIGUSR2)
+    counts: dict[tuple[str, int, str], int] = pickle.loads(await _written(out))
+    return counts
+
+
+async def _written(out: Path) -> bytes:
+    """The counts file, once the daemon's signal handler has written it."""
+    async with asyncio.timeout(DUMP_DEADLINE_S):
+        while True:
+            try:
+                return await asyncio.to_thread(out.read_bytes)
+            except FileNotFoundError:
+                await asyncio.sleep(POLL_S)  # polled, bounded above: a signal handler has no other way to say
+
+
+def where(filename: str) -> str:
+    """A function's file as a reader knows it: from the package (gatewayd/…, aiohttp/…, asyncio/…) down."""
+    parts = Path(filename).parts
+    for anchor in ("gatewayd", "aiohttp", "asyncio", "multidict", "yarl", "json"):
+        if anchor in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(anchor):])
+    return Path(filename).name
+
+
+def summarise(counts: dict[tuple[str, int, str], int], calls: int, top: int) -> dict[str, Any]:
+    """Opcodes per call in all, by package, and the `top` functions."""
+    by_function: collections.Counter[str] = collections.Counter()
+    for (filename, line, name), n in counts.items():
+        by_function[f"{where(filename)}:{line} {name}"] += n
+    by_package: collections.Counter[str] = collections.Counter()
+    for function, n in by_function.items():
+        by_package[function.split("/", 1)[0] if "/" in function else "other"] += n
+    return {"calls": calls, "opcodes_per_call": round(sum(counts.values()) / calls, 1),
+            "by_package": {name: round(n / calls, 1) for name, n in by_package.most_common()},
+            "top": [[function, round(n / calls, 1)] for function, n in by_function.most_common(top)]}
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    record: dict[str, Any] = {"args": {"targets": args.targets, "calls": args.calls}, "targets": {}}
+    with tempfile.TemporaryDirectory(prefix="gatewayd-opcount-") as tmp:
+        root = Path(tmp)
+        python = install_copy(root / "install")
+        config_dir = root / "config"
+        token = write_config(config_dir)
+        out = root / "counts.pickle"
+        daemon = ServerProcess("gatewayd", traced_argv(daemon_argv(config_dir, python=python)),
+                               env={**bench_env(python=python), OUT_ENV: str(out)}, cwd=config_dir)
+        url = await daemon.start()
+        try:
+            async with client_session(1) as http:
+                for name in args.targets:
+                    target: Target
+                    if name == GATEWAYD_SSE:
+                        target = SseTarget(name, http, url, token, daemon.pid)
+                        await target.open_session()
+                    elif name == GATEWAYD_MODERN:
+                        target = ModernTarget(name, http, url, token, daemon.pid)
+                    else:
+                        target = JsonTarget(name, http, url, token, daemon.pid)
+                    counts = await count(daemon, target, args.calls, out)
+                    record["targets"][name] = summarise(counts, args.calls, args.top)
+        finally:
+            await daemon.stop()
+    return record
+
+
+def report(record: dict[str, Any]) -> str:
+    lines = []
+    for name, figures in record["targets"].items():
+        packages = ", ".join(f"{package} {n:g}" for package, n in figures["by_package"].items())
+        lines += [f"{name}: {figures['opcodes_per_call']:g} opcodes a call ({packages})"]
+        lines += [f"  {n:8.1f}  {function}" for function, n in figures["top"]]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.opcount", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", type=lambda text: text.split(","), default=list(TARGETS),
+                        help=f"comma-separated subset of {','.join(TARGETS)}")
+    parser.add_argument("--calls", type=int, default=DEFAULT_CALLS, help=f"calls counted a target ({DEFAULT_CALLS})")
+    parser.add_argument("--top", type=int, default=DEFAULT_TOP, help=f"functions listed a target ({DEFAULT_TOP})")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON record goes")
+    args = parser.parse_args(argv)
+    unknown = set(args.targets) - set(TARGETS)
+    if unknown or args.calls < 1 or args.top < 0:
+        parser.error(f"targets are some of {', '.join(TARGETS)}; --calls ≥ 1, --top ≥ 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    record = asyncio.run(measure(args))
+    print(report(record))
+    print(f"record: {save(record, args.results_dir, 'opcount-')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
