@@ -47,8 +47,9 @@ async def forward(call: Call, target: Target, still_allowed: Callable[[], None] 
     host = agents.host(call, server) if agents is not None and server.protocol == "acp" else None
     delivery = Delivery(ctx.principal.name, on_event, progress, still_allowed, caller, timeout=budget,
                         trace=call.trace_context, task=_task(call), session=ctx.session, owner=owner, host=host,
-                        # A modern caller's asker (modern.Asker) says what it can be asked, and its retry's answers.
-                        capabilities=getattr(caller, "capabilities", None), resume=getattr(caller, "resume", None))
+                        # A modern caller's retry brings its answers (modern.Asker); what any caller can be asked is
+                        # read from it only for a modern child (dialects.py).
+                        resume=getattr(caller, "resume", None))
     try:
         if call.route == TOOLS_CALL:
             return await target.server.call_tool(target.method, call.arguments, delivery)

@@ -32,6 +32,12 @@ class Caller(Protocol):
         outside any call, by a per-session child of the caller's session)."""
         ...
 
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What the caller can be asked (its client capabilities, MCP 2026-07-28): a modern child is told so, and
+        may answer with an input-required result (dialects.py). Read only for a modern child."""
+        ...
+
 
 class AgentHost(Protocol):
     """Who answers what an agent asks its client during a turn it runs for a call (agents.py): its permission
@@ -84,9 +90,6 @@ class Delivery:
     owner: Caller | None = None
     # Who answers an agent's requests during the call (an ACP server only, agents.py); None: they are refused.
     host: AgentHost | None = None
-    # What the caller can be asked (its client capabilities, MCP 2026-07-28): a modern child is told so, and may answer
-    # with an input-required result (dialects.py). None: nothing.
-    capabilities: dict[str, Any] | None = None
     # The caller's answers to a modern child's input-required result (`inputResponses`, the child's `requestState`),
     # sent along with the retried request; None: not a retry.
     resume: dict[str, Any] | None = None

@@ -221,7 +221,7 @@ class McpDialect(Dialect):
     def _asks(self, how: Delivery | None) -> dict[str, Any]:
         """The client capabilities a modern child is told of for one request: what its tools.d `relay` lets it ask,
         and the caller can answer (an input-required result is the caller's to answer)."""
-        declared = how.capabilities if how is not None and how.capabilities is not None else {}
+        declared = how.caller.capabilities if how is not None and how.caller is not None else {}
         return {kind: value for kind, value in declared.items() if kind in self.config.relay}
 
     def _params(self, params: dict[str, Any], how: Delivery | None) -> dict[str, Any]:
