@@ -1,10 +1,11 @@
 """`python -m bench.opcount`: the Python bytecodes gatewayd's event loop runs for one call, by target and by function.
 
 Owns a measure that does not drift with the machine. Timing on this 2-core machine scatters by ~9% a pair
-(bench.ab), so a change of 2% cannot be seen that way; the instructions the daemon's main thread executes for a
-call are the same from run to run. The daemon runs with a tracer (`sys.settrace` with opcode events, the main
-thread only, switched on and off by SIGUSR2); each target makes `--calls` calls one at a time after a warm-up,
-with the tracer on, and the counts per function are read back.
+(bench.ab), so a change of 2% cannot be seen that way; the instructions gatewayd's own functions execute for a
+call are the same from run to run within a few (asyncio's share moves by tens: how many loop turns a call takes
+depends on when its events arrive, so compare the `gatewayd` package figure). The daemon runs with a tracer
+(`sys.settrace` with opcode events, the main thread only, switched on and off by SIGUSR2); each target makes
+`--calls` calls one at a time after a warm-up, with the tracer on, and the counts per function are read back.
 
 It counts Python work, not time: a call into C (JSON, a system call, the audit writer's thread) is one
 instruction however long it runs, and the tracer slows the daemon ~50× while on (the figures are per call, not per

@@ -194,8 +194,9 @@ def parse_message(value: Any) -> Message:
     if not isinstance(value, dict):
         return Invalid(None, InvalidRequest("Invalid Request"))
     raw_id = value.get("id")
-    msg_id = raw_id if _valid_id(raw_id) else None
-    if value.get("jsonrpc") != "2.0" or not _valid_id(raw_id):
+    valid_id = _valid_id(raw_id)
+    msg_id = raw_id if valid_id else None
+    if value.get("jsonrpc") != "2.0" or not valid_id:
         return Invalid(msg_id, InvalidRequest("Invalid Request"))
     if "method" in value:
         return _parse_call(value, msg_id)
