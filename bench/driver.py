@@ -166,11 +166,23 @@ class JsonTarget(_HttpTarget):
         wire.check_direct(json.loads(body))
 
 
-class SseTarget(_HttpTarget):
-    """MCP `tools/call` in one session with `Accept: application/json, text/event-stream`, as MCP clients send it: a
-    call that streams nothing before its answer is answered as one JSON body, one that does as SSE."""
+class _ToolCallTarget(_HttpTarget):
+    """An MCP `tools/call` of the echo tool, accepting JSON or SSE as MCP clients do: a call that streams nothing
+    before its answer is answered as one JSON body, one that does as SSE."""
 
     accept = wire.ACCEPT_SSE
+    body = wire.TOOL_CALL_BODY
+
+    async def call(self) -> None:
+        async with self.http.post(self.url, data=self.body, headers=self.headers) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise wire.BadAnswer(f"HTTP {response.status} {response.content_type}: {body[:200]!r}")
+        wire.check_tool_result(wire.response_of(body, response.content_type))
+
+
+class SseTarget(_ToolCallTarget):
+    """MCP `tools/call` in one 2025-11-25 session (`open_session` first)."""
 
     async def open_session(self) -> None:
         """`initialize`, keep its session id, send `notifications/initialized`."""
@@ -185,32 +197,15 @@ class SseTarget(_HttpTarget):
             if response.status != 202:
                 raise wire.BadAnswer(f"notifications/initialized: HTTP {response.status}")
 
-    async def call(self) -> None:
-        async with self.http.post(self.url, data=wire.TOOL_CALL_BODY, headers=self.headers) as response:
-            body = await response.read()
-            if response.status != 200:
-                raise wire.BadAnswer(f"HTTP {response.status} {response.content_type}: {body[:200]!r}")
-        message = wire.sse_response(body) if response.content_type == "text/event-stream" else json.loads(body)
-        wire.check_tool_result(message)
 
+class ModernTarget(_ToolCallTarget):
+    """MCP 2026-07-28 `tools/call`, stateless: no session, the `_meta` envelope and routing headers on every call."""
 
-class ModernTarget(_HttpTarget):
-    """MCP 2026-07-28 `tools/call`, stateless: no session, the `_meta` envelope and routing headers on every call;
-    a quick answer comes as one JSON body."""
-
-    accept = wire.ACCEPT_SSE
+    body = wire.MODERN_TOOL_CALL_BODY
 
     def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int) -> None:
         super().__init__(name, http, url, token, server_pid)
         self.headers = {**self.headers, **wire.MODERN_HEADERS}
-
-    async def call(self) -> None:
-        async with self.http.post(self.url, data=wire.MODERN_TOOL_CALL_BODY, headers=self.headers) as response:
-            body = await response.read()
-            if response.status != 200:
-                raise wire.BadAnswer(f"HTTP {response.status}: {body[:200]!r}")
-        message = wire.sse_response(body) if response.content_type == "text/event-stream" else json.loads(body)
-        wire.check_tool_result(message)
 
 
 # -- the child over stdio ----------------------------------------------------------------------

@@ -215,7 +215,7 @@ async def _list_ms(http: aiohttp.ClientSession, url: str, session: SseTarget) ->
     async with http.post(url, data=body, headers=session.headers) as response:
         raw = await response.read()
     took = (time.perf_counter() - started) * 1000
-    message = wire.sse_response(raw) if response.content_type == "text/event-stream" else json.loads(raw)
+    message = wire.response_of(raw, response.content_type)
     result = message["result"]
     if "nextCursor" in result:
         raise RuntimeError("tools/list came in pages: raise --list-page-size")

@@ -77,6 +77,12 @@ def check_tool_result(message: Any) -> None:
         raise BadAnswer(f"unexpected tool result: {str(message)[:200]}")
 
 
+def response_of(body: bytes, content_type: str) -> Any:
+    """The JSON-RPC response an MCP endpoint answered a POST with: one JSON body, or the response event of an SSE
+    body (the server chooses either for a client that accepts both)."""
+    return sse_response(body) if content_type == "text/event-stream" else json.loads(body)
+
+
 def sse_response(body: bytes) -> Any:
     """The JSON-RPC response carried by an SSE body: the last `data:` event that has an id."""
     answer: Any = None

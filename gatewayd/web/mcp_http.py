@@ -202,15 +202,8 @@ async def _answer_streamable(
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
     stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines)
     ctx.emit = stream.emit
-    try:
-        answer = await _answer(state.gateway, ctx, message)
-    except BaseException:
-        await stream.abandon()
-        raise
-    if json_ok and not stream.opened:
-        await stream.abandon()
-        return _json(answer, session=ctx.session)
-    response = await stream.finish(answer)
+    plain = functools.partial(_json, session=ctx.session) if json_ok else None
+    response = await stream.answer(_answer(state.gateway, ctx, message), plain)
     if stream.broken:
         logger.info("client=%s SSE stream closed before the answer", ctx.principal.name)
     if stream.dropped:

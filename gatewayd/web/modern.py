@@ -348,15 +348,7 @@ async def _answer_sse(request: web.Request, state: DaemonState, ctx: CallContext
     ready before that is plain JSON, so that an error keeps its HTTP status."""
     stream = sse.CallStream(request, {}, state.settings.sse_keepalive, state.deadlines)
     ctx.emit = _log_filter(stream.emit, envelope)
-    try:
-        answer = await _cancellable(state, ctx, message, envelope, resumed)
-    except BaseException:
-        await stream.abandon()
-        raise
-    if not stream.opened:
-        await stream.abandon()
-        return _answered(answer)
-    return await stream.finish(answer)
+    return await stream.answer(_cancellable(state, ctx, message, envelope, resumed), _answered)
 
 
 # -- subscriptions/listen ---------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Owns the wire form of an event (one single-line JSON per `data:`), keep-alive comments, and
 `CallStream`: the answer to one call that may emit notifications before its result. A call
 that finishes before it emits anything, or before the first keep-alive is due, is answered
-with the whole stream in one body (one write, with a length), or as plain JSON by its caller
-when the client accepts that (`opened` is False); only a call that has something to say
-early, or runs long, holds a chunked stream open. Does not own which calls get SSE
+with the whole stream in one body (one write, with a length), or as plain JSON when its
+caller gives a way to make that (a client that accepts JSON); only a call that has something
+to say early, or runs long, holds a chunked stream open. Does not own which calls get SSE
 (mcp_http.py, modern.py).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -35,7 +36,7 @@ def whole(message: dict[str, Any], headers: dict[str, str]) -> web.Response:
 
 
 class CallStream:
-    """The SSE answer to one call. Give `emit` to the call as its event sink, then `finish` with its response."""
+    """The SSE answer to one call. Give `emit` to the call as its event sink, then `answer` with the call."""
 
     def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines) -> None:
         self._request = request
@@ -55,11 +56,6 @@ class CallStream:
         self._finished = False
         self.broken = False
         self.dropped = 0
-
-    @property
-    def opened(self) -> bool:
-        """Whether the stream was opened (something was emitted, or a keep-alive came due) before the answer."""
-        return self._pump is not None
 
     def emit(self, message: dict[str, Any]) -> None:
         """Queue a notification of the call; it opens the stream if it is not open yet."""
@@ -109,10 +105,28 @@ class CallStream:
             # A dropped stream is not a cancellation (MCP 2025): the call goes on, its answer has nowhere to go.
             self.broken = True
 
-    async def finish(self, message: dict[str, Any]) -> web.StreamResponse:
-        """End the stream with the call's response."""
+    async def answer(self, call: Awaitable[dict[str, Any]],
+                     plain: Callable[[dict[str, Any]], web.StreamResponse] | None = None) -> web.StreamResponse:
+        """The answer to `call` (its response, once it comes): at the end of the stream, or made by `plain` (plain
+        JSON, for a client that takes it) when nothing opened the stream first. A call that fails or is cancelled
+        stops the stream without a response."""
+        try:
+            message = await call
+        except BaseException:
+            await self._abandon()
+            raise
+        if plain is not None and self._pump is None:
+            self._stop()
+            return plain(message)
+        return await self._finish(message)
+
+    def _stop(self) -> None:
         self._finished = True
         self._timer.cancel()
+
+    async def _finish(self, message: dict[str, Any]) -> web.StreamResponse:
+        """End the stream with the call's response."""
+        self._stop()
         if self._pump is None:
             return whole(message, self._headers)  # nothing was streamed
         self._wake(False)
@@ -125,10 +139,9 @@ class CallStream:
                 self.broken = True
         return self._response
 
-    async def abandon(self) -> None:
-        """Stop the stream without a response (the call itself was cancelled)."""
-        self._finished = True
-        self._timer.cancel()
+    async def _abandon(self) -> None:
+        """Stop the stream without a response (the call itself failed or was cancelled)."""
+        self._stop()
         if self._pump is not None:
             self._pump.cancel()
             await asyncio.gather(self._pump, return_exceptions=True)
