@@ -21,6 +21,9 @@ from tests.stack import LocalClient, running_stack
 
 # Every kind of character the escaping treats differently, and one of each UTF-8 length.
 MIXED = 'ab"\\\n\t\x01é\u2028€\U0001f600<'
+# Characters of every UTF-8 length that JSON leaves as they are (DEL and U+2028 included): a slice of these is
+# written as its UTF-8 bytes without escaping.
+PLAIN = "aé\u2028€\U0001f600\x7f<"
 BIG = bodies.LARGE_STRING + 1
 HUGE_ANSWER = 3 * 1024 * 1024 + 17
 
@@ -44,6 +47,23 @@ def test_a_sliced_answer_is_the_plain_encoding(size: int) -> None:
     ):
         assert written(message) == jsonrpc.dumps(message)
         assert bodies._carries_large_string(message) is (size > bodies.LARGE_STRING)
+
+
+@pytest.mark.parametrize("where", [0, bodies.LARGE_SLICE - 1, bodies.LARGE_SLICE, 2 * bodies.LARGE_SLICE + 2])
+def test_slices_with_nothing_to_escape_and_one_with_something_are_the_plain_encoding(where: int) -> None:
+    plain = (PLAIN * ((2 * bodies.LARGE_SLICE + 3) // len(PLAIN) + 1))[:2 * bodies.LARGE_SLICE + 3]
+    for escaped in ('"', "\\", "\x1f", "\n"):
+        text = plain[:where] + escaped + plain[where + 1:]
+        message = {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": text}]}}
+        assert written(message) == jsonrpc.dumps(message)
+    assert written([plain]) == jsonrpc.dumps([plain])
+
+
+def test_a_lone_surrogate_in_a_large_string_is_refused_as_the_plain_encoding_refuses_it() -> None:
+    text = "x" * BIG + "\ud800"
+    for encode in (jsonrpc.dumps, written):
+        with pytest.raises(UnicodeEncodeError):
+            encode({"text": text})
 
 
 def test_small_answers_are_one_bytes_object_and_large_ones_a_stream() -> None:
