@@ -527,34 +527,61 @@ async def _within_deadline(request: web.Request, handler: Handler, deadline: flo
 # -- per-client quotas -------------------------------------------------------------------------------
 
 
-class _Quota(NamedTuple):  # a NamedTuple: one is made per request, and a frozen dataclass is slower to make
+class _Quota(NamedTuple):
     max_concurrent: int
     rate: float
     burst: int
 
 
-@dataclass
 class _Bucket:
-    tokens: float
-    updated: float
+    """A token bucket: `rate` a second up to `burst`. More than a whole burst is admitted on a full bucket and leaves
+    it in debt, so the sustained rate still holds."""
+
+    __slots__ = ("rate", "burst", "tokens", "updated", "unit")
+
+    def __init__(self, rate: float, burst: int, now: float, unit: str) -> None:
+        self.rate, self.burst, self.tokens, self.updated, self.unit = rate, burst, float(burst), now, unit
+
+    def take(self, amount: int, now: float) -> None:
+        """Take `amount`, or raise HttpError(429) saying how long to wait."""
+        rate, burst = self.rate, self.burst
+        tokens = min(burst, self.tokens + (now - self.updated) * rate)
+        self.updated = now
+        needed = min(amount, burst)
+        if tokens < needed:
+            self.tokens = tokens
+            wait = max(1, math.ceil((needed - tokens) / rate))
+            raise HttpError(429, f"rate limit: {rate:g} {self.unit}/s, burst {burst}", {"Retry-After": str(wait)})
+        self.tokens = tokens - amount
+
+
+class _Client:
+    """One client's POSTs holding a slot and its two buckets, with the limits their quotas were resolved from."""
+
+    __slots__ = ("limits", "max_concurrent", "in_flight", "messages", "bytes")
+
+    def __init__(self, limits: ClientLimits, messages: _Quota, bytes_quota: _Quota, now: float) -> None:
+        self.limits = limits
+        self.max_concurrent = messages.max_concurrent
+        self.in_flight = 0
+        self.messages = _Bucket(messages.rate, messages.burst, now, "messages")
+        self.bytes = _Bucket(bytes_quota.rate, bytes_quota.burst, now, "bytes")
 
 
 class ClientLimiter:
     """Per-client in-flight counts and token buckets, keyed by client name.
 
-    Limits are resolved on every call from the principal (so a reloaded policy applies at once);
-    only the counts and buckets persist. A message count above the burst is admitted when the
-    bucket holds a full burst and leaves it in debt, so the sustained rate still holds.
+    A client's quotas are resolved from its principal's limits when those are first seen, and again when a reloaded
+    policy gives it others (so they apply at once): one identity check a request, not a resolution. The counts and
+    buckets persist across reloads.
     """
 
     def __init__(self, defaults: _Quota, clock: Callable[[], float] = time.monotonic,
                  bytes_rate: float = math.inf, bytes_burst: int = 2**62) -> None:
         self._defaults = defaults
         self._clock = clock
-        self._in_flight: dict[str, int] = {}
-        self._buckets: dict[str, _Bucket] = {}
         self._bytes = _Quota(0, bytes_rate, bytes_burst)
-        self._byte_buckets: dict[str, _Bucket] = {}
+        self._clients: dict[str, _Client] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, clock: Callable[[], float] = time.monotonic) -> ClientLimiter:
@@ -562,65 +589,58 @@ class ClientLimiter:
                    settings.client_bytes_rate, max(settings.client_bytes_burst, settings.max_body_bytes))
 
     def admit_bytes(self, principal: Principal, size: int) -> None:
-        """Charge `size` request bytes to `principal`; raise HttpError(429) when over its byte rate. A client allowed
-        more messages is allowed MESSAGE_BYTES for each of them, if that is more: lifting a client's message rate
-        lifts its byte rate with it."""
-        overrides, defaults, messages = principal.limits, self._bytes, self._quota(principal.limits)
-        rate = overrides.bytes_rate if overrides.bytes_rate is not None else defaults.rate
-        burst = overrides.bytes_burst if overrides.bytes_burst is not None else defaults.burst
-        quota = _Quota(0, max(rate, messages.rate * MESSAGE_BYTES), max(burst, messages.burst * MESSAGE_BYTES))
-        _charge(self._byte_buckets, principal.name, size, quota, self._clock(), "bytes")
+        """Charge `size` request bytes to `principal`; raise HttpError(429) when over its byte rate."""
+        self._client(principal).bytes.take(size, self._clock())
 
     def in_flight(self, client: str) -> int:
         """POSTs of `client` holding a slot now."""
-        return self._in_flight.get(client, 0)
+        known = self._clients.get(client)
+        return 0 if known is None else known.in_flight
 
     def admit(self, principal: Principal, messages: int, holds_slot: bool) -> None:
         """Take `messages` tokens and, if `holds_slot`, a slot for `principal`; raise HttpError(429) if over."""
-        quota = self._quota(principal.limits)
-        name = principal.name
-        if holds_slot and self.in_flight(name) >= quota.max_concurrent:
+        client = self._client(principal)
+        if holds_slot and client.in_flight >= client.max_concurrent:
             raise HttpError(
-                429, f"too many requests in flight (limit {quota.max_concurrent})",
+                429, f"too many requests in flight (limit {client.max_concurrent})",
                 {"Retry-After": str(RETRY_AFTER_BUSY)},
             )
-        self._take(name, messages, quota)
+        client.messages.take(messages, self._clock())
         if holds_slot:
-            self._in_flight[name] = self.in_flight(name) + 1
+            client.in_flight += 1
 
     def release(self, client: str) -> None:
         """Give back one slot of `client`."""
-        left = self.in_flight(client) - 1
-        if left > 0:
-            self._in_flight[client] = left
-        else:
-            self._in_flight.pop(client, None)
+        known = self._clients.get(client)
+        if known is not None and known.in_flight > 0:
+            known.in_flight -= 1
 
-    def _quota(self, overrides: ClientLimits) -> _Quota:
-        defaults = self._defaults
-        return _Quota(
+    def _client(self, principal: Principal) -> _Client:
+        client = self._clients.get(principal.name)
+        if client is None or client.limits is not principal.limits:
+            client = self._resolve(principal, client)
+        return client
+
+    def _resolve(self, principal: Principal, known: _Client | None) -> _Client:
+        """`principal`'s quotas from its limits over the defaults. A client allowed more messages is allowed
+        MESSAGE_BYTES for each of them, if that is more than its byte quota: lifting a client's message rate lifts
+        its byte rate with it."""
+        overrides, defaults, byte_defaults = principal.limits, self._defaults, self._bytes
+        messages = _Quota(
             overrides.max_concurrent if overrides.max_concurrent is not None else defaults.max_concurrent,
             overrides.rate if overrides.rate is not None else defaults.rate,
             overrides.burst if overrides.burst is not None else defaults.burst,
         )
-
-    def _take(self, name: str, messages: int, quota: _Quota) -> None:
-        _charge(self._buckets, name, messages, quota, self._clock(), "messages")
-
-
-def _charge(buckets: dict[str, _Bucket], name: str, amount: int, quota: _Quota, now: float, unit: str) -> None:
-    """Take `amount` from `name`'s bucket, or raise HttpError(429) with how long to wait. More than a whole burst is
-    admitted on a full bucket and leaves it in debt, so the sustained rate still holds."""
-    bucket = buckets.get(name)
-    if bucket is None:  # not setdefault: that would build a bucket on every call only to drop it
-        bucket = buckets[name] = _Bucket(float(quota.burst), now)
-    bucket.tokens = min(float(quota.burst), bucket.tokens + (now - bucket.updated) * quota.rate)
-    bucket.updated = now
-    needed = min(amount, quota.burst)
-    if bucket.tokens < needed:
-        wait = max(1, math.ceil((needed - bucket.tokens) / quota.rate))
-        raise HttpError(429, f"rate limit: {quota.rate:g} {unit}/s, burst {quota.burst}", {"Retry-After": str(wait)})
-    bucket.tokens -= amount
+        rate = overrides.bytes_rate if overrides.bytes_rate is not None else byte_defaults.rate
+        burst = overrides.bytes_burst if overrides.bytes_burst is not None else byte_defaults.burst
+        bytes_quota = _Quota(0, max(rate, messages.rate * MESSAGE_BYTES), max(burst, messages.burst * MESSAGE_BYTES))
+        if known is None:
+            known = self._clients[principal.name] = _Client(overrides, messages, bytes_quota, self._clock())
+            return known
+        known.limits, known.max_concurrent = overrides, messages.max_concurrent
+        known.messages.rate, known.messages.burst = messages.rate, messages.burst
+        known.bytes.rate, known.bytes.burst = bytes_quota.rate, bytes_quota.burst
+        return known
 
 
 CLIENT_LIMITER = web.AppKey("client_limiter", ClientLimiter)

@@ -376,3 +376,37 @@ def test_slots_are_per_client_and_come_back() -> None:
     limiter.release("alice")
     assert limiter.in_flight("alice") == 0
     limiter.admit(alice, 1, True)
+
+
+def test_a_reloaded_policy_s_limits_apply_at_once_and_the_counts_carry_over() -> None:
+    clock = Clock()
+    limiter = ClientLimiter(_Quota(max_concurrent=1, rate=1.0, burst=1), clock)
+    alice = Principal(name="alice")
+    limiter.admit(alice, 1, True)
+    assert "in flight (limit 1)" in refused(limiter, alice, slot=True).reason
+    lifted = Principal(name="alice", limits=ClientLimits(max_concurrent=2, rate=10.0, burst=10))
+    assert "rate limit: 10 messages/s" in refused(limiter, lifted).reason  # the bucket is as it was: empty
+    clock.now = 0.1
+    limiter.admit(lifted, 1, True)  # refilled at the new rate; the held slot still counts
+    assert limiter.in_flight("alice") == 2
+    assert "in flight (limit 2)" in refused(limiter, lifted, slot=True).reason
+    limiter.release("alice")
+    assert "in flight (limit 1)" in refused(limiter, alice, slot=True).reason  # back to the old limits
+    limiter.release("alice")
+    limiter.release("alice")  # one release too many does not lend a slot
+    assert limiter.in_flight("alice") == 0
+
+
+def test_a_client_s_byte_quota_follows_its_message_quota_when_that_is_larger() -> None:
+    clock = Clock()
+    limiter = ClientLimiter(_Quota(max_concurrent=1, rate=0.1, burst=1), clock, bytes_rate=1024, bytes_burst=2048)
+    small, large = Principal(name="small"), Principal(name="large", limits=ClientLimits(rate=10.0, burst=10))
+    # small: 1,024 bytes/s (its own, over 0.1 × MESSAGE_BYTES), a burst of 4,096 (one message's, over its own).
+    limiter.admit_bytes(small, 6144)  # more than a whole burst on a full bucket: admitted, 2,048 in debt
+    with pytest.raises(HttpError) as caught:
+        limiter.admit_bytes(small, 1)
+    assert caught.value.headers["Retry-After"] == "3"  # 2049 bytes short at 1,024/s
+    limiter.admit_bytes(large, 10 * 4096)  # ten messages' worth of MESSAGE_BYTES
+    with pytest.raises(HttpError) as caught:
+        limiter.admit_bytes(large, 1)
+    assert "rate limit: 40960 bytes/s, burst 40960" in caught.value.reason
