@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -60,3 +61,14 @@ def test_the_approval_page_is_made_when_first_asked_for() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=IMPORT_DEADLINE,
                           check=True)
     assert done.stdout.split() == ["0"]
+
+
+def test_pydantic_plugins_are_not_looked_for_unless_the_environment_says_otherwise() -> None:
+    probe = ("import os\nimport gatewayd.cli, gatewayd.app\nfrom pydantic.plugin import _loader\n"
+             "print(repr(os.environ['PYDANTIC_DISABLE_PLUGINS']), _loader._plugins is None)")
+    env = {key: value for key, value in os.environ.items() if key != "PYDANTIC_DISABLE_PLUGINS"}
+    for given, seen in ((None, "'__all__' True"), ("", "'' False")):
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=IMPORT_DEADLINE,
+                              check=True, env=env if given is None else {**env, "PYDANTIC_DISABLE_PLUGINS": given})
+        # None: the installed distributions were never searched for plugins; "": an operator let them load.
+        assert done.stdout.strip() == seen
