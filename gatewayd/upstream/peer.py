@@ -33,7 +33,7 @@ from typing import Any
 from gatewayd import jsonrpc
 from gatewayd.deadlines import Deadlines
 from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
-from gatewayd.upstream.process import MAX_LINE_BYTES, ChildProcess, ExitInfo, unavailable
+from gatewayd.upstream.process import MAX_LINE_BYTES, ChildProcess, ExitInfo, Line, unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _finite_float(text: str) -> float:
 _decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
-def decode_line(line: bytes) -> str:
+def decode_line(line: Line) -> str:
     """A line of the child's stdout as text: UTF-8, as json.loads takes bytes, and a surrogate's three bytes pass
     through as that surrogate."""
     return line.decode("utf-8", "surrogatepass")
@@ -399,7 +399,7 @@ class Peer:
 
     # -- receiving -------------------------------------------------------------------------
 
-    def lines(self, lines: list[bytes]) -> None:
+    def lines(self, lines: list[Line]) -> None:
         """Whole stdout lines as they arrive, handled in the pipe's own callback."""
         if self._on_activity is not None:
             self._on_activity()

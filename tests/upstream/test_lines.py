@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from gatewayd.upstream.process import MAX_LINE_BYTES, OVERLONG_HEAD_BYTES, Lines
+from gatewayd.upstream.process import MAX_LINE_BYTES, OVERLONG_HEAD_BYTES, Line, Lines
 
 
 class Collector:
     """What a `Lines` hands on: every line, and how many were too long."""
 
     def __init__(self) -> None:
-        self.lines: list[bytes] = []
+        self.lines: list[Line] = []
         self.calls = 0
         self.overlong = 0
         self.heads: list[bytes] = []
         self.splitter = Lines(self.take, self.too_long)
 
-    def take(self, lines: list[bytes]) -> None:
+    def take(self, lines: list[Line]) -> None:
         self.calls += 1
         self.lines.extend(lines)
 
@@ -67,8 +67,8 @@ async def test_an_overlong_line_is_dropped_to_its_newline_in_one_chunk_or_many()
     out.splitter.feed(b"tail\nafter\nlast")
     out.splitter.eof()
     assert out.lines == [b"next", b"after", b"last"]
-    # Each is told with its head (what says which call it answered), whole chunk or first chunk alike.
-    assert out.overlong == 2 and out.heads == [b"x" * OVERLONG_HEAD_BYTES, b"start"]
+    # Each is told with its head (what says which call it answered): the line's first bytes, however it came in.
+    assert out.overlong == 2 and out.heads == [b"x" * OVERLONG_HEAD_BYTES, (b"start" + chunk)[:OVERLONG_HEAD_BYTES]]
 
 
 async def test_an_overlong_last_line_is_not_handed_on_at_eof() -> None:

@@ -16,13 +16,14 @@ import pytest
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import CallTimedOut, Overloaded, ToolServerFailed, ToolServerUnavailable
 from gatewayd.upstream.api import Delivery
-from gatewayd.upstream.process import MAX_LINE_BYTES
+from gatewayd.upstream.process import CHILD_STDOUT_PIPE_BYTES, MAX_LINE_BYTES
 from gatewayd.upstream.server import State, ToolServer
 from tests.daemon import FAULTSRV
 from tests.waiting import eventually, process_gone
 
 FAULT_METHODS: dict[str, dict[str, Any]] = {name: {} for name in (
     "echo", "sleep", "crash", "garbage", "huge", "grandchild", "wrong_id", "stderr_flood", "progress", "pid", "env",
+    "pipe_size",
 )}
 
 
@@ -166,6 +167,19 @@ async def test_a_large_answer_is_held_at_most_twice_while_it_is_read(tmp_path: P
         tracemalloc.stop()
     assert len(result) == size
     assert peak - before < 2.5 * size
+
+
+async def test_a_child_that_answers_in_bursts_larger_than_its_pipe_gets_a_wider_one(
+    tmp_path: Path, servers: list[ToolServer]
+) -> None:
+    server = track(servers, fault_server(tmp_path))
+    assert await server.call_method("echo", {"small": "answers"}) == {"small": "answers"}
+    default = await server.call_method("pipe_size", {})
+    assert default < CHILD_STDOUT_PIPE_BYTES  # small answers leave the kernel's default
+    size = 8 * 1024 * 1024  # written in one go: the daemon's reads find the pipe full
+    assert len(await server.call_method("huge", {"size": size})) == size
+    assert await server.call_method("pipe_size", {}) == CHILD_STDOUT_PIPE_BYTES
+    assert len(await server.call_method("huge", {"size": size})) == size
 
 
 async def test_a_line_over_the_limit_is_dropped_and_the_next_one_works(
