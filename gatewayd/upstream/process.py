@@ -174,6 +174,7 @@ class ChildProcess:
         self._tasks: list[asyncio.Task[None]] = []
         self._stderr: _StderrLog | None = None
         self._stdout: Lines | None = None
+        self._stdout_pipe: asyncio.ReadTransport | None = None
         self._exited = asyncio.Event()
         self.exit_info: ExitInfo | None = None
         self._closing = False
@@ -197,24 +198,32 @@ class ChildProcess:
         loop = asyncio.get_running_loop()
         self._on_overlong = on_overlong
         self._stdout = Lines(on_lines, self._overlong_line)
+        # The child's stdout is a pipe of the daemon's own, read in the loop's own read callback: through asyncio's
+        # subprocess transport each chunk waited one more loop turn (a call_soon) before it was seen.
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             transport, protocol = await loop.subprocess_exec(
-                functools.partial(_ChildProtocol, self._stdout, loop),
+                functools.partial(asyncio.subprocess.SubprocessStreamProtocol, MAX_LINE_BYTES, loop),
                 *self.argv,
                 stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
+                stdout=write_end,
                 stderr=asyncio.subprocess.PIPE,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
             )
         except OSError as exc:
+            os.close(read_end)
             # A program that is missing or may not be run stays so: retrying the call cannot help.
             raise ToolServerUnavailable(
                 f"tool server {self.name!r} could not start: {exc.strerror or exc}",
                 {"server": self.name, "command": self.argv,
                  **({"retryable": False} if exc.errno in CANNOT_RUN else {})},
             ) from exc
+        finally:
+            os.close(write_end)
+        self._stdout_pipe, _ = await loop.connect_read_pipe(functools.partial(_Stdout, self._stdout),
+                                                            os.fdopen(read_end, "rb", buffering=0))
         self._proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._stdin = self._proc.stdin
         self._stderr = _StderrLog(self.tag, self._proc.pid)
@@ -289,7 +298,13 @@ class ChildProcess:
         if self._on_exit is not None:
             self._on_exit(self.exit_info)
         await self._reap_group()
+        self._close_stdout()
         self._exited.set()
+
+    def _close_stdout(self) -> None:
+        """Close the stdout pipe: at EOF already once the child's group is gone, unless its wait was cut off."""
+        if self._stdout_pipe is not None:
+            self._stdout_pipe.close()
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -327,6 +342,7 @@ class ChildProcess:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._close_stdout()
         if self.exit_info is None:
             self.exit_info = ExitInfo(proc.returncode)
         return self.exit_info
@@ -398,33 +414,24 @@ class Lines:
             self._partial += chunk
 
 
-class _ChildProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    """asyncio's subprocess protocol (stdin writer, stderr reader, exit), with stdout going to `Lines`."""
+class _Stdout(asyncio.Protocol):
+    """The child's stdout pipe: chunks to `Lines` as the loop reads them."""
 
-    def __init__(self, stdout: Lines, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=MAX_LINE_BYTES, loop=loop)
-        self._lines = stdout
-        self._stdout_pipe: asyncio.BaseTransport | None = None
+    def __init__(self, lines: Lines) -> None:
+        self._lines = lines
+        self._pipe: asyncio.BaseTransport | None = None  # until it is widened
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self._stdout_pipe = transport.get_pipe_transport(1)
+        self._pipe = transport
 
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        if fd == 1:
-            assert isinstance(data, bytes)
-            self._lines.feed(data)
-            if self._lines.pending >= LONG_LINE_BYTES and self._stdout_pipe is not None:
-                _widen(self._stdout_pipe)
-                self._stdout_pipe = None
-        else:
-            super().pipe_data_received(fd, data)
+    def data_received(self, data: bytes) -> None:
+        self._lines.feed(data)
+        if self._lines.pending >= LONG_LINE_BYTES and self._pipe is not None:
+            _widen(self._pipe)
+            self._pipe = None
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        super().pipe_connection_lost(fd, exc)
-        if fd == 1:
-            self._lines.eof()
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lines.eof()
 
 
 def _widen(pipe: asyncio.BaseTransport) -> None:

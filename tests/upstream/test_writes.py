@@ -7,12 +7,14 @@ pipe is given, the thing these tests judge), the peer itself is untouched.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gatewayd.upstream.peer import SINGLE_TURNS, Peer
-from gatewayd.upstream.process import ChildProcess
+from gatewayd.upstream.process import ChildProcess, Line
+from tests.waiting import eventually
 
 # Bound on each call; generous for a loaded 2-core machine.
 CALL_TIMEOUT = 20.0
@@ -74,3 +76,22 @@ async def test_calls_that_come_together_go_out_together_until_they_come_alone_ag
         await asyncio.sleep(0)
         assert writes == [1]  # alone for SINGLE_TURNS turns: at once again
         await call
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_stopped_or_exited_child_leaves_none_of_its_pipes_open() -> None:
+    # Its stdout is a pipe of the daemon's own (read in the loop's callback), not asyncio's subprocess transport's.
+    before = open_fds()
+    for n in range(3):
+        async with recorded() as (peer, _):
+            await echo(peer, n)
+    exited = ChildProcess("quits", [sys.executable, "-c", "print('{}')"])
+    lines: list[Line] = []
+    await exited.open(lines.extend)
+    assert await exited.wait_exited(CALL_TIMEOUT)
+    await exited.close()
+    assert lines == [b"{}"]
+    await eventually(lambda: open_fds() == before, what="every pipe of the children closed")
