@@ -1,4 +1,5 @@
-"""`python -m bench.opcount`: the Python bytecodes gatewayd's event loop runs for one call, by target and by function.
+"""`python -m bench.opcount`: the Python bytecodes gatewayd's event loop runs for one call (or one relayed notification),
+by target and by function.
 
 Owns a measure that does not drift with the machine. Timing on this 2-core machine scatters by ~9% a pair
 (bench.ab), so a change of 2% cannot be seen that way; the instructions gatewayd's own functions execute for a
@@ -12,7 +13,11 @@ instruction however long it runs, and the tracer slows the daemon ~50× while on
 second). Use it to see how much Python a change adds or removes on a call's path, and where; use bench.ab for what
 that is worth in calls/s.
 
-Run: `.venv/bin/python -m bench.opcount --targets gatewayd-json,gatewayd-sse,gatewayd-modern --top 15`
+The `notification` target is one streaming call in a 2025 session that relays NOTIFICATIONS progress notifications
+(bench/progsrv.py, SPACING_S apart: each read and relayed in loop turns of its own), counted per notification
+received; the call's own request and answer fall in the window too, 1/NOTIFICATIONS of a call each.
+
+Run: `.venv/bin/python -m bench.opcount --targets gatewayd-json,gatewayd-sse,gatewayd-modern,notification --top 15`
 """
 
 from __future__ import annotations
@@ -28,11 +33,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-from bench.driver import JsonTarget, ModernTarget, SseTarget, Target, client_session
-from bench.procs import ServerProcess, bench_env, daemon_argv, install_copy, write_config
-from bench.run import GATEWAYD_JSON, GATEWAYD_MODERN, GATEWAYD_SSE, RESULTS_DIR, save
+import aiohttp
 
-TARGETS: Final = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN)
+from bench import wire
+from bench.driver import JsonTarget, ModernTarget, SseTarget, Target, client_session
+from bench.procs import ServerProcess, bench_env, daemon_argv, install_copy
+from bench.run import GATEWAYD_JSON, GATEWAYD_MODERN, GATEWAYD_SSE, RESULTS_DIR, save
+from bench.scale import streaming_config
+
+NOTIFICATION: Final = "notification"
+TARGETS: Final = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN, NOTIFICATION)
 DEFAULT_CALLS: Final = 200
 WARMUP_CALLS: Final = 100
 DEFAULT_TOP: Final = 20
@@ -41,6 +51,11 @@ OUT_ENV: Final = "GATEWAYD_OPCOUNT_OUT"
 # The counts file appears once the daemon has handled the signal; it is polled this often, this long.
 POLL_S: Final = 0.05
 DUMP_DEADLINE_S: Final = 30.0
+# The notification target: one stream of this many, this far apart (a warm-up stream of WARMUP_NOTIFICATIONS first).
+NOTIFICATIONS: Final = 400
+WARMUP_NOTIFICATIONS: Final = 50
+SPACING_S: Final = 0.005
+STREAM_TIMEOUT_S: Final = 60.0
 # Run in the daemon's interpreter in place of `-m gatewayd`: the tracer, then the daemon as `python -m` runs it.
 HOOK: Final = f"""
 import collections, os, pickle, runpy, signal, sys
@@ -88,6 +103,30 @@ async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) ->
     return counts
 
 
+async def count_notifications(daemon: ServerProcess, session: SseTarget, out: Path) -> tuple[
+        dict[tuple[str, int, str], int], int]:
+    """Opcodes per function over one stream of NOTIFICATIONS progress notifications, and how many arrived."""
+    await _stream(session, WARMUP_NOTIFICATIONS)
+    await asyncio.to_thread(out.unlink, True)
+    os.kill(daemon.pid, signal.SIGUSR2)
+    received = await _stream(session, NOTIFICATIONS)
+    os.kill(daemon.pid, signal.SIGUSR2)
+    counts: dict[tuple[str, int, str], int] = pickle.loads(await _written(out))
+    if received != NOTIFICATIONS:
+        raise RuntimeError(f"{received} of {NOTIFICATIONS} notifications arrived")
+    return counts, received
+
+
+async def _stream(session: SseTarget, count: int) -> int:
+    """One `prog__stream` call of `count` notifications, read whole; the notifications in its answer."""
+    body = wire.compact(wire.request("tools/call", {
+        "name": "prog__stream", "arguments": {"count": count, "interval": SPACING_S},
+        "_meta": {"progressToken": 1}}))
+    async with session.http.post(session.url, data=body, headers=session.headers,
+                                 timeout=aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S)) as response:
+        return (await response.read()).count(b'"notifications/progress"')
+
+
 async def _written(out: Path) -> bytes:
     """The counts file, once the daemon's signal handler has written it."""
     async with asyncio.timeout(DUMP_DEADLINE_S):
@@ -126,7 +165,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         python = install_copy(root / "install")
         config_dir = root / "config"
-        token = write_config(config_dir)
+        token = streaming_config(config_dir)  # the echo server the call targets call, and the progress server
         out = root / "counts.pickle"
         daemon = ServerProcess("gatewayd", traced_argv(daemon_argv(config_dir, python=python)),
                                env={**bench_env(python=python), OUT_ENV: str(out)}, cwd=config_dir)
@@ -135,6 +174,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             async with client_session(1) as http:
                 for name in args.targets:
                     target: Target
+                    if name == NOTIFICATION:
+                        session = SseTarget(name, http, url, token, daemon.pid)
+                        await session.open_session()
+                        counts, received = await count_notifications(daemon, session, out)
+                        record["targets"][name] = summarise(counts, received, args.top)
+                        continue
                     if name == GATEWAYD_SSE:
                         target = SseTarget(name, http, url, token, daemon.pid)
                         await target.open_session()
@@ -153,7 +198,8 @@ def report(record: dict[str, Any]) -> str:
     lines = []
     for name, figures in record["targets"].items():
         packages = ", ".join(f"{package} {n:g}" for package, n in figures["by_package"].items())
-        lines += [f"{name}: {figures['opcodes_per_call']:g} opcodes a call ({packages})"]
+        unit = "a notification" if name == NOTIFICATION else "a call"
+        lines += [f"{name}: {figures['opcodes_per_call']:g} opcodes {unit} ({packages})"]
         lines += [f"  {n:8.1f}  {function}" for function, n in figures["top"]]
     return "\n".join(lines)
 

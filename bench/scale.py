@@ -342,7 +342,7 @@ async def _streams_process(url: str, token: str, session: SseTarget) -> asyncio.
     return proc
 
 
-def _streaming_config(config_dir: Path) -> str:
+def streaming_config(config_dir: Path) -> str:
     """The echo server and the progress server, room for every stream and the other calls; the client's token."""
     token = write_config(config_dir)
     (config_dir / "tools.d" / "prog.toml").write_text(
@@ -356,7 +356,7 @@ async def notifications(root: Path, python: Path) -> dict[str, Any]:
     """The daemon's CPU per relayed progress notification: the streaming target's streams with nothing beside them,
     the daemon's CPU time from the moment every stream has begun to the last one's end."""
     config_dir = root / "notifications"
-    token = _streaming_config(config_dir)
+    token = streaming_config(config_dir)
     daemon = _daemon(config_dir, python)
     url = await daemon.start()
     try:
@@ -420,7 +420,7 @@ def _cores_busy(before: dict[str, float], after: dict[str, float], seconds: floa
 async def streaming(root: Path, python: Path) -> dict[str, Any]:
     """100 streaming calls, and other calls beside them (see the module's docstring)."""
     config_dir = root / "streaming"
-    token = _streaming_config(config_dir)
+    token = streaming_config(config_dir)
     daemon = _daemon(config_dir, python)
     url = await daemon.start()
     try:
