@@ -1,5 +1,5 @@
-"""`python -m bench.opcount`: the Python bytecodes gatewayd's event loop runs for one call (or one relayed notification),
-by target and by function.
+"""`python -m bench.opcount`: the Python bytecodes gatewayd's event loop runs for one call (or one relayed
+notification), by target and by function.
 
 Owns a measure that does not drift with the machine. Timing on this 2-core machine scatters by ~9% a pair
 (bench.ab), so a change of 2% cannot be seen that way; the instructions gatewayd's own functions execute for a

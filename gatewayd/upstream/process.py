@@ -202,28 +202,18 @@ class ChildProcess:
         # subprocess transport each chunk waited one more loop turn (a call_soon) before it was seen.
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
-            transport, protocol = await loop.subprocess_exec(
-                functools.partial(asyncio.subprocess.SubprocessStreamProtocol, MAX_LINE_BYTES, loop),
-                *self.argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=write_end,
-                stderr=asyncio.subprocess.PIPE,
-                env=self.env,
-                cwd=self.cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
+            transport, protocol = await self._spawn(loop, write_end)
+        except BaseException:
             os.close(read_end)
-            # A program that is missing or may not be run stays so: retrying the call cannot help.
-            raise ToolServerUnavailable(
-                f"tool server {self.name!r} could not start: {exc.strerror or exc}",
-                {"server": self.name, "command": self.argv,
-                 **({"retryable": False} if exc.errno in CANNOT_RUN else {})},
-            ) from exc
+            raise
         finally:
             os.close(write_end)
-        self._stdout_pipe, _ = await loop.connect_read_pipe(functools.partial(_Stdout, self._stdout),
-                                                            os.fdopen(read_end, "rb", buffering=0))
+        try:
+            self._stdout_pipe, _ = await loop.connect_read_pipe(functools.partial(_Stdout, self._stdout),
+                                                                os.fdopen(read_end, "rb", buffering=0))
+        except BaseException:
+            transport.close()  # kills the child: it would run with nobody reading it
+            raise
         self._proc = asyncio.subprocess.Process(transport, protocol, loop)
         self._stdin = self._proc.stdin
         self._stderr = _StderrLog(self.tag, self._proc.pid)
@@ -232,6 +222,29 @@ class ChildProcess:
             asyncio.create_task(self._read_stderr(), name=f"{self.name}-stderr"),
             asyncio.create_task(self._wait_exit(), name=f"{self.name}-wait"),
         ]
+
+    async def _spawn(self, loop: asyncio.AbstractEventLoop, stdout: int) -> tuple[
+            asyncio.SubprocessTransport, asyncio.subprocess.SubprocessStreamProtocol]:
+        """The child, in its own process group, writing to `stdout`. Raises ToolServerUnavailable if it cannot
+        start."""
+        try:
+            return await loop.subprocess_exec(
+                functools.partial(asyncio.subprocess.SubprocessStreamProtocol, MAX_LINE_BYTES, loop),
+                *self.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=stdout,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            # A program that is missing or may not be run stays so: retrying the call cannot help.
+            raise ToolServerUnavailable(
+                f"tool server {self.name!r} could not start: {exc.strerror or exc}",
+                {"server": self.name, "command": self.argv,
+                 **({"retryable": False} if exc.errno in CANNOT_RUN else {})},
+            ) from exc
 
     async def wait_exited(self, timeout: float | None) -> bool:
         """Whether the child exits (and its owner has been told) within `timeout` seconds (None: ever)."""

@@ -12,6 +12,9 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
+
+from gatewayd.errors import ToolServerUnavailable
 from gatewayd.upstream.peer import SINGLE_TURNS, Peer
 from gatewayd.upstream.process import ChildProcess, Line
 from tests.waiting import eventually
@@ -94,4 +97,6 @@ async def test_a_stopped_or_exited_child_leaves_none_of_its_pipes_open() -> None
     assert await exited.wait_exited(CALL_TIMEOUT)
     await exited.close()
     assert lines == [b"{}"]
+    with pytest.raises(ToolServerUnavailable, match="could not start"):
+        await ChildProcess("missing", ["/nonexistent/tool-server"]).open(lines.extend)
     await eventually(lambda: open_fds() == before, what="every pipe of the children closed")
