@@ -420,7 +420,9 @@ class Lines:
         if self._skipping:
             return
         if len(self._partial) + len(chunk) > MAX_LINE_BYTES:
-            head = bytes((self._partial or chunk)[:OVERLONG_HEAD_BYTES])
+            # The line's first bytes, whichever reads they came in: they say which call it answers.
+            kept = bytes(self._partial[:OVERLONG_HEAD_BYTES])
+            head = kept + chunk[:OVERLONG_HEAD_BYTES - len(kept)]
             self._partial, self._skipping = bytearray(), True
             self._on_overlong(head)
         else:

@@ -71,6 +71,17 @@ async def test_an_overlong_line_is_dropped_to_its_newline_in_one_chunk_or_many()
     assert out.overlong == 2 and out.heads == [b"x" * OVERLONG_HEAD_BYTES, (b"start" + chunk)[:OVERLONG_HEAD_BYTES]]
 
 
+async def test_an_overlong_line_s_head_spans_the_reads_it_came_in() -> None:
+    # A child that flushed the line's start apart from the rest: its id is in the second read.
+    out = Collector()
+    start = b'{"jsonrpc":"2.0",'
+    rest = b'"id":7,"result":"' + b"x" * MAX_LINE_BYTES
+    out.splitter.feed(start)
+    out.splitter.feed(rest)
+    out.splitter.feed(b'"}\nafter\n')
+    assert out.heads == [(start + rest)[:OVERLONG_HEAD_BYTES]] and out.lines == [b"after"]
+
+
 async def test_an_overlong_last_line_is_not_handed_on_at_eof() -> None:
     out = Collector()
     out.splitter.feed(b"z" * (MAX_LINE_BYTES + 1))
