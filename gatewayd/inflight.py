@@ -18,7 +18,7 @@ from gatewayd.errors import GatewayError, RequestCancelled, ShuttingDown
 
 logger = logging.getLogger(__name__)
 
-# A call stopped at shutdown answers its caller within this long (it only has to write its error).
+# A call stopped at shutdown unwinds within this long (its error is then written as aiohttp shuts down).
 CANCEL_GRACE = 5.0
 
 
@@ -61,6 +61,9 @@ class Inflight:
         self._by_key: dict[tuple[str, str, str], Tracked] = {}
         self._calls: set[Tracked] = set()
         self.closing = False
+        # Set once no call is left, while draining. Drained by the calls, not their tasks: a request's handler may
+        # run in its connection's task (web/aiohttp_hooks.py), which goes on after the call, to the next request.
+        self._emptied: asyncio.Event | None = None
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -79,6 +82,8 @@ class Inflight:
         self._calls.discard(entry)
         if self._by_key.get(entry.key) is entry:
             del self._by_key[entry.key]
+        if self._emptied is not None and not self._calls:
+            self._emptied.set()
 
     def cancel(self, ctx: CallContext, params: Any) -> None:
         """A client's `notifications/cancelled`: stop its call with that request id, if it is still running."""
@@ -94,12 +99,23 @@ class Inflight:
         self.closing = True
         if not self._calls:
             return
+        emptied = self._emptied = asyncio.Event()
         logger.info("waiting up to %gs for %d calls in flight", grace, len(self._calls))
-        await asyncio.wait({entry.task for entry in self._calls}, timeout=grace)
-        left = list(self._calls)
-        if not left:
+        if await _set_within(emptied, grace):
             return
+        left = list(self._calls)
         logger.warning("cancelling %d calls still running after %gs", len(left), grace)
         for entry in left:
             entry.stop(ShuttingDown("gatewayd stopped before the call finished"))
-        await asyncio.wait({entry.task for entry in left}, timeout=CANCEL_GRACE)
+        if not await _set_within(emptied, CANCEL_GRACE):
+            logger.warning("%d calls still running %gs after they were cancelled", len(self._calls), CANCEL_GRACE)
+
+
+async def _set_within(event: asyncio.Event, timeout: float) -> bool:
+    """Whether `event` is set within `timeout` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -29,6 +29,10 @@ What it relies on, none of it documented (checked by tests/web/test_aiohttp_hook
   request; `force_close()`; `transport`; `peername`.
 - `BaseRequest.protocol` (the request's RequestHandler) and `StreamReader.on_eof(callback)` (called
   at once if the body is complete already).
+- On Python 3.11: `RequestHandler.start` making each request's task with `self._loop.create_task(coro)` of a
+  `RequestHandler._handle_request` coroutine, and awaiting it at once; the protocol's loop being its `_loop`
+  attribute, not passed on to anything that needs the loop itself (its requests and bodies get the server's).
+  See `_HandlersInline`.
 
 How to check a new aiohttp: widen `TESTED` (and, to the same range, the requirement in pyproject.toml),
 install it, run tests/web/test_aiohttp_hooks.py (each hook's shape, and each hook firing over a real
@@ -41,8 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, NamedTuple
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ClassVar, NamedTuple, cast
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -69,6 +74,43 @@ _RequestFactory = Callable[
 # aiohttp's own methods, called directly on the hot path (each byte chunk, each response): cheaper than super().
 _data_received = RequestHandler.data_received
 _finish_response = RequestHandler.finish_response
+# What `RequestHandler.start` runs for each request: its handler, then the response written.
+_HANDLE_REQUEST = RequestHandler._handle_request.__code__
+# From Python 3.12 aiohttp starts each request's task eagerly: it runs at once, in the loop turn that parsed it.
+HANDLERS_INLINE = sys.version_info < (3, 12)
+
+
+class _HandlersInline:
+    """The event loop as one connection's aiohttp protocol sees it on Python 3.11: the same loop, except that a
+    request's handler runs in the connection's own task (the one reading its requests) instead of in a task made
+    for that request.
+
+    aiohttp makes that task only to give each request a copy of the context variables (gatewayd sets none), and
+    awaits it at once: on 3.11 it costs a task, two loop callbacks and a loop turn a request, ~400 of the ~9,000
+    bytecodes a call runs (bench.opcount), ×1.03–1.05 calls/s at 1 and 8 in flight (bench.ab). A request's
+    `asyncio.current_task()` is therefore its connection's task, the same for every request the connection
+    carries: whatever cancels it (a stopped call, a client gone) must take its cancellation back (`uncancel`)
+    when it is handled, as inflight.py and web/modern.py do, or it reaches the connection. Every other
+    coroutine becomes a task as usual; every other attribute is the loop's own."""
+
+    __slots__ = ("_loop", "time", "create_future", "call_at", "call_soon")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        # What aiohttp's protocol uses of its loop per request: the loop's own bound methods, without a look-up.
+        self.time = loop.time
+        self.create_future = loop.create_future
+        self.call_at = loop.call_at
+        self.call_soon = loop.call_soon
+
+    def create_task(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        if getattr(coro, "cr_code", None) is _HANDLE_REQUEST:
+            # `start` awaits this at once, and a coroutine is as awaitable as its task.
+            return coro
+        return self._loop.create_task(coro)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
 
 
 class Connection(RequestHandler):
@@ -82,6 +124,8 @@ class Connection(RequestHandler):
 
     def __init__(self, server: Server, *, loop: asyncio.AbstractEventLoop, **protocol_kwargs: Any) -> None:
         super().__init__(server, loop=loop, **protocol_kwargs)
+        if HANDLERS_INLINE:
+            self._loop = cast(asyncio.AbstractEventLoop, _HandlersInline(loop))
         # Handed to aiohttp, and not yet closed.
         self._served = False
         # Between requests: bytes arriving start the next one.

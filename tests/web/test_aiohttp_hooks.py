@@ -91,6 +91,12 @@ def test_request_handler_methods_the_connection_overrides() -> None:
     assert list(parameters(RequestHandler.force_close)) == ["self"]
 
 
+def test_request_handler_handles_each_request_in_a_coroutine_of_its_own() -> None:
+    # What _HandlersInline recognises (on Python 3.11) and runs in the connection's task.
+    assert inspect.iscoroutinefunction(RequestHandler._handle_request)
+    assert list(parameters(RequestHandler._handle_request)) == ["self", "request", "start_time", "request_handler"]
+
+
 def test_request_handler_has_a_transport_and_the_attributes_the_connection_adds_are_free() -> None:
     slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
     assert "transport" in slots
@@ -164,6 +170,7 @@ class Seen:
         self.connection: aiohttp_hooks.Connection | None = None
         self.body_read = False
         self.lost = asyncio.Event()
+        self.tasks: list[asyncio.Task[Any] | None] = []
 
     def read_to_the_end(self) -> None:
         self.body_read = True
@@ -173,6 +180,7 @@ async def serve(seen: Seen) -> tuple[RecordingRunner, int]:
     async def echo(request: web.Request) -> web.Response:
         seen.connection = aiohttp_hooks.connection_of(request)
         assert seen.connection is not None and seen.connection.is_open
+        seen.tasks.append(asyncio.current_task())
         seen.connection.on_lost(seen.lost.set)
         body = await request.read()
         aiohttp_hooks.when_body_read(request, seen.read_to_the_end)
@@ -239,6 +247,24 @@ async def test_hooks_fire_in_order_for_kept_alive_requests_and_the_close(
         "closed",
     ]
     assert not seen.connection.is_open
+
+
+async def test_on_python_3_11_a_connection_s_requests_run_in_its_own_task(
+    served: tuple[RecordingServer, int, Seen],
+) -> None:
+    _, port, seen = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for body in (b"one", b"two"):
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert await read_response(reader) == (200, body)
+    first, second = seen.tasks
+    assert first is not None and second is not None
+    if aiohttp_hooks.HANDLERS_INLINE:
+        # No task made per request: the connection's task, which goes on to read the next request.
+        assert first is second and not first.done()
+    else:
+        assert first is not second
+    writer.close()
 
 
 async def test_a_refused_connection_gets_the_refusal_and_nothing_else(
