@@ -29,6 +29,10 @@ What it relies on, none of it documented (checked by tests/web/test_aiohttp_hook
   request; `force_close()`; `transport`; `peername`.
 - `BaseRequest.protocol` (the request's RequestHandler) and `StreamReader.on_eof(callback)` (called
   at once if the body is complete already).
+- `WholeResponse`: that `finish_response` sends a response by `await resp.prepare(request)` then `await
+  resp.write_eof()`, and reads nothing of it after but `keep_alive`; `StreamResponse`'s `_keep_alive`,
+  `_eof_sent`, `_req`, `_payload_writer`, `_body_length`, `_status`, `_reason` and `_headers`; a request's
+  `_payload_writer` (its StreamWriter, whose `drain()` waits while the transport's buffer is over its limit).
 - On Python 3.11: `RequestHandler.start` making each request's task with `self._loop.create_task(coro)` of a
   `RequestHandler._handle_request` coroutine, and awaiting it at once; the protocol's loop being its `_loop`
   attribute, not passed on to anything that needs the loop itself (its requests and bodies get the server's).
@@ -49,8 +53,10 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, NamedTuple, cast
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
@@ -76,6 +82,8 @@ _data_received = RequestHandler.data_received
 _finish_response = RequestHandler.finish_response
 # What `RequestHandler.start` runs for each request: its handler, then the response written.
 _HANDLE_REQUEST = RequestHandler._handle_request.__code__
+# A WholeResponse's body up to this size goes out in one write with its head (copied once); a larger one apart.
+WHOLE_JOIN_BYTES = 64 * 1024
 # From Python 3.12 aiohttp starts each request's task eagerly: it runs at once, in the loop turn that parsed it.
 HANDLERS_INLINE = sys.version_info < (3, 12)
 
@@ -240,6 +248,80 @@ class Connection(RequestHandler):
 
     def _become_idle(self) -> None:
         self._idle = True
+
+
+class WholeResponse(web.StreamResponse):
+    """A response whose whole body is in hand as bytes (a JSON-RPC answer), sent as aiohttp sends one: the status
+    line, its headers, Content-Length, Date, Server and the Connection header aiohttp's keep-alive rules give, in
+    one write of the transport (two for a body over WHOLE_JOIN_BYTES), instead of through aiohttp's header
+    machinery and stream writer: ~600 fewer bytecodes a response (bench.opcount). Like aiohttp's own, `write_eof`
+    returns once the transport has taken the bytes below its limit, so a client that does not read its answers
+    keeps what waits on them (its slot: limits.py) held. Not for cookies, compression, chunking, a streamed body, a
+    status without a body, or an app with `on_response_prepare` handlers (gatewayd has none): web.Response's."""
+
+    def __init__(self, body: bytes, *, status: int = 200, content_type: str,
+                 headers: dict[str, str] | None = None) -> None:
+        if status < 200 or status in (204, 304):
+            raise ValueError(f"a {status} response has no body")
+        super().__init__(status=status, headers=headers)
+        self._headers[hdrs.CONTENT_TYPE] = content_type
+        self._whole = body
+
+    async def prepare(self, request: BaseRequest) -> AbstractStreamWriter | None:
+        if self._eof_sent:
+            return None
+        if self._payload_writer is not None:
+            return self._payload_writer
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client is gone")
+        self._req = request
+        writer = self._payload_writer = request._payload_writer
+        head = self._head(request)
+        body = self._whole if request.method != hdrs.METH_HEAD else b""
+        if len(body) <= WHOLE_JOIN_BYTES:
+            transport.write(head.encode("latin-1") + body)
+        else:
+            transport.write(head.encode("latin-1"))
+            transport.write(body)
+        return writer
+
+    def _head(self, request: BaseRequest) -> str:
+        """The status line and headers, and the blank line after them."""
+        keep_alive = self._keep_alive
+        if keep_alive is None:
+            keep_alive = self._keep_alive = request.keep_alive
+        version = request.version
+        headers = self._headers
+        fields = list(map("%s: %s".__mod__, headers.items()))
+        # Checked as aiohttp's own serializer checks them: a line break in a header would split the response.
+        given = "".join(fields)
+        if "\r" in given or "\n" in given:
+            raise ValueError("a response header holds a line break")
+        lines = [f"HTTP/{version[0]}.{version[1]} {self._status} {self._reason}", *fields,
+                 f"Content-Length: {len(self._whole)}"]
+        if hdrs.DATE not in headers:
+            lines.append(f"Date: {rfc822_formatted_time()}")
+        if hdrs.SERVER not in headers:
+            lines.append(f"Server: {SERVER_SOFTWARE}")
+        if hdrs.CONNECTION not in headers:
+            if keep_alive and version == HttpVersion10:
+                lines.append("Connection: keep-alive")
+            elif not keep_alive and version == HttpVersion11:
+                lines.append("Connection: close")
+        lines.append("\r\n")
+        return "\r\n".join(lines)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._eof_sent:
+            return
+        writer = self._payload_writer
+        assert writer is not None and not data, "prepare() sends the whole body"
+        await writer.drain()
+        self._eof_sent = True
+        self._req = None
+        self._body_length = len(self._whole)
+        self._payload_writer = None
 
 
 class ServerArgs(NamedTuple):

@@ -19,6 +19,7 @@ from aiohttp import payload, web
 from aiohttp.abc import AbstractStreamWriter
 
 from gatewayd import jsonrpc
+from gatewayd.web import aiohttp_hooks
 
 # A string value longer than this (in characters) makes its answer written in slices.
 LARGE_STRING: Final = 256 * 1024
@@ -47,6 +48,15 @@ def json_body(message: Any) -> bytes | payload.Payload:
     if not _carries_large_string(message):
         return jsonrpc.dumps(message)
     return _Streamed(message, b"", b"")
+
+
+def response(body: bytes | payload.Payload, *, content_type: str, status: int = 200,
+             headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """The HTTP response carrying an answer's body: bytes in one write (aiohttp_hooks.WholeResponse), a streamed
+    body through aiohttp's own."""
+    if type(body) is bytes:
+        return aiohttp_hooks.WholeResponse(body, status=status, content_type=content_type, headers=headers)
+    return web.Response(body=body, status=status, content_type=content_type, headers=headers)
 
 
 def sse_body(message: dict[str, Any]) -> bytes | payload.Payload:

@@ -84,12 +84,12 @@ def _session_for(request: web.Request, principal: Principal, *, required: bool) 
     return session
 
 
-def _json(body: Any, status: int = 200, session: Session | None = None) -> web.Response:
+def _json(body: Any, status: int = 200, session: Session | None = None) -> web.StreamResponse:
     headers = {SESSION_HEADER: session.id} if session is not None else None
-    return web.Response(body=bodies.json_body(body), status=status, content_type="application/json", headers=headers)
+    return bodies.response(bodies.json_body(body), content_type="application/json", status=status, headers=headers)
 
 
-def _body_error(error: GatewayError) -> web.Response:
+def _body_error(error: GatewayError) -> web.StreamResponse:
     return _json(jsonrpc.error_response(None, error), status=400)
 
 
@@ -180,7 +180,7 @@ async def _answer(gateway: Gateway, ctx: CallContext, message: Request | Invalid
     return await gateway.dispatch(ctx, message)
 
 
-def _initialize(state: DaemonState, principal: Principal, message: Request, sse_ok: bool) -> web.Response:
+def _initialize(state: DaemonState, principal: Principal, message: Request, sse_ok: bool) -> web.StreamResponse:
     params = message.params if isinstance(message.params, dict) else {}
     session = state.sessions.create(principal.name, params)
     answer = jsonrpc.result_response(message.id, state.gateway.initialize_result(session.protocol_version))

@@ -69,15 +69,15 @@ def chosen(request: web.Request, message: jsonrpc.Message) -> bool:
             and message.method != "initialize" and modern.is_modern_body(message.params))
 
 
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=bodies.json_body(body), status=status, content_type="application/json")
+def _json(body: Any, status: int = 200) -> web.StreamResponse:
+    return bodies.response(bodies.json_body(body), content_type="application/json", status=status)
 
 
-def _error(request_id: Any, error: GatewayError) -> web.Response:
+def _error(request_id: Any, error: GatewayError) -> web.StreamResponse:
     return _json(error_response(request_id, error), STATUS.get(error.code, 200))
 
 
-def _answered(answer: dict[str, Any]) -> web.Response:
+def _answered(answer: dict[str, Any]) -> web.StreamResponse:
     """A JSON answer, with the status its error code has in this era."""
     error = answer.get("error")
     code = error.get("code") if isinstance(error, dict) else None

@@ -26,13 +26,16 @@ logger = logging.getLogger(__name__)
 
 # Events a slow reader may fall behind by before further notifications are dropped (the result never is).
 QUEUE_LIMIT = 1024
-HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+EVENT_STREAM = "text/event-stream"
+# What keeps a proxy from holding events back.
+_UNBUFFERED = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+HEADERS = {"Content-Type": EVENT_STREAM, **_UNBUFFERED}
 KEEPALIVE = b": keep-alive\n\n"
 
 
-def whole(message: dict[str, Any], headers: dict[str, str]) -> web.Response:
+def whole(message: dict[str, Any], headers: dict[str, str]) -> web.StreamResponse:
     """A stream of one event, sent as one body with a length: an answer that is ready at once."""
-    return web.Response(body=bodies.sse_body(message), headers={**HEADERS, **headers})
+    return bodies.response(bodies.sse_body(message), content_type=EVENT_STREAM, headers={**_UNBUFFERED, **headers})
 
 
 class CallStream:
