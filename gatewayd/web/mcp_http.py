@@ -109,7 +109,10 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
         raise HttpError(413, f"body larger than {state.settings.max_body_bytes} bytes")
     if declared is not None:
         limits.admit_body(request, principal, declared)
-    data = await request.read()
+    content = request.content
+    # A body with a declared length that is in whole already (a small POST, the usual case) is taken as it lies,
+    # without aiohttp's read loop (~100 bytecodes a call); its length was checked against max_body_bytes above.
+    data = content.read_nowait() if declared is not None and content.is_eof() else await request.read()
     if declared is None:
         limits.admit_body(request, principal, len(data))
     try:

@@ -141,6 +141,23 @@ async def test_body_over_the_limit_is_413(stack: Stack) -> None:
     assert (await response.json())["result"] == 3
 
 
+async def test_a_body_sent_in_chunks_is_read_whole_and_its_limit_kept(stack: Stack) -> None:
+    # No Content-Length: read through aiohttp as it arrives, not taken as it lies (mcp_http.handle_post).
+    async def chunks(body: bytes) -> AsyncIterator[bytes]:
+        half = len(body) // 2
+        yield body[:half]
+        yield body[half:]
+
+    headers = {**stack.headers(), "Content-Type": "application/json"}
+    body = json.dumps(call("calc.add", {"a": 1, "b": 2})).encode()
+    response = await stack.client.post("/mcp", data=chunks(body), headers=headers)
+    assert response.headers.get("Content-Length") is not None and (await response.json())["result"] == 3
+    padding = "x" * stack.state.settings.max_body_bytes
+    large = json.dumps(call("calc.add", {"a": 1, "b": 2, "pad": padding})).encode()
+    response = await stack.client.post("/mcp", data=chunks(large), headers=headers)
+    assert response.status == 413
+
+
 async def test_wrong_content_type_is_415(stack: Stack) -> None:
     headers = {**stack.headers(), "Content-Type": "text/plain"}
     response = await stack.client.post("/mcp", data=json.dumps(call("calc.add")), headers=headers)
