@@ -97,6 +97,7 @@ def _finite(text: str) -> float:
 
 
 _decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite)
+_decode = jsontext.decoding(_decoder)
 
 
 def _depth_exceeds(value: Any, limit: int) -> bool:
@@ -139,7 +140,7 @@ def loads(data: bytes | str) -> Any:
     """Decode JSON strictly: duplicate keys and numbers that are not finite are refused. Raises ValueError or
     RecursionError."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
-    return _decoder.decode(text)
+    return _decode(text)
 
 
 def parse_body(data: bytes, *, max_depth: int, max_batch: int, max_objects: int | None = None) -> Body:

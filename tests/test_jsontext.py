@@ -54,3 +54,33 @@ def test_without_the_c_encoder_the_standard_one_serves(monkeypatch: pytest.Monke
     encode = jsontext.encoder(sort_keys=True)
     assert encode({"b": 1, "a": [None]}) == '{"a":[null],"b":1}'
     assert getattr(encode, "__self__", None).__class__ is json.JSONEncoder
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def _outcome(decode: jsontext.Decode, text: str) -> tuple[str, Any]:
+    try:
+        return "value", decode(text)
+    except Exception as exc:  # the same type and message is what is compared
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("text", [
+    '{"jsonrpc":"2.0","id":1,"result":{"a":[1,2.5,null,true]}}', "[]", '"text"', "0",
+    ' {"a":1}', '{"a":1}\n', '\t[1] ', '{"a":1} x', '{"a":1}{"b":2}', "", " ", "x", '{"a":', '{"a" 1}',
+    '{"a":1,"a":2}', "NaN", "[1,]", '"\\ud800"',
+])
+def test_decoding_gives_what_the_decoder_gives(text: str) -> None:
+    decoder = json.JSONDecoder(object_pairs_hook=_refuse_duplicates)
+    assert _outcome(jsontext.decoding(decoder), text) == _outcome(decoder.decode, text)
+
+
+def test_decoding_without_a_scanner_is_the_decoder_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder = json.JSONDecoder()
+    monkeypatch.delattr(decoder, "scan_once")
+    assert jsontext.decoding(decoder) == decoder.decode

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatewayd import jsonrpc
+from gatewayd import jsonrpc, jsontext
 from gatewayd.deadlines import Deadlines
 from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
 from gatewayd.upstream.process import MAX_LINE_BYTES, ChildProcess, ExitInfo, Line, unavailable
@@ -114,7 +114,7 @@ def _finite_float(text: str) -> float:
 
 # Made once: json.loads with hooks would build a decoder for every line. The float hook costs about 50 ns per
 # float literal, and nothing for a line without one.
-_decoder = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+_decode = jsontext.decoding(json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float))
 
 
 def decode_line(line: Line) -> str:
@@ -126,7 +126,7 @@ def decode_line(line: Line) -> str:
 def parse_text(text: str) -> Any:
     """A decoded line of the child's stdout as JSON. Raises NonFinite for a number JSON cannot carry (the gateway
     could not send it on), or ValueError for anything else that is not JSON."""
-    return _decoder.decode(text)
+    return _decode(text)
 
 
 class _Bucket:
