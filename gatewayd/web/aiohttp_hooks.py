@@ -280,9 +280,9 @@ class WholeResponse(web.StreamResponse):
         head = self._head(request)
         body = self._whole if request.method != hdrs.METH_HEAD else b""
         if len(body) <= WHOLE_JOIN_BYTES:
-            transport.write(head.encode("latin-1") + body)
+            transport.write(head.encode("utf-8") + body)
         else:
-            transport.write(head.encode("latin-1"))
+            transport.write(head.encode("utf-8"))
             transport.write(body)
         return writer
 
@@ -293,6 +293,8 @@ class WholeResponse(web.StreamResponse):
             keep_alive = self._keep_alive = request.keep_alive
         version = request.version
         headers = self._headers
+        if hdrs.CONTENT_LENGTH in headers:
+            del headers[hdrs.CONTENT_LENGTH]  # the body's own length is the one sent
         fields = list(map("%s: %s".__mod__, headers.items()))
         # Checked as aiohttp's own serializer checks them: a line break in a header would split the response.
         given = "".join(fields)

@@ -54,6 +54,10 @@ async def plain(request: web.Request) -> web.StreamResponse:
     return web.Response(body=BODY, content_type="application/json", headers=HEADERS)
 
 
+async def counted(request: web.Request) -> web.StreamResponse:
+    return aiohttp_hooks.WholeResponse(BODY, content_type="application/json", headers={"Content-Length": "1"})
+
+
 async def broken(request: web.Request) -> web.StreamResponse:
     return aiohttp_hooks.WholeResponse(BODY, content_type="application/json",
                                        headers={"Mcp-Session-Id": "abc\r\nX-Injected: 1"})
@@ -70,6 +74,7 @@ async def port() -> AsyncIterator[tuple[int, web.Application]]:
     app.router.add_post("/plain", plain)
     app.router.add_get("/plain", plain)
     app.router.add_post("/broken", broken)
+    app.router.add_post("/counted", counted)
     runner = WatchedRunner(app, shutdown_timeout=1.0, handler_cancellation=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -144,6 +149,13 @@ async def test_a_large_whole_body_arrives_intact(port: tuple[int, web.Applicatio
     request = b"POST /whole?size=%d HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" % size
     [response], _ = await exchange(number, request)
     assert response.endswith(b"\r\n\r\n" + b"x" * size)
+
+
+async def test_a_whole_response_says_its_own_length_once(port: tuple[int, web.Application]) -> None:
+    number, _ = port
+    [response], _ = await exchange(number, b"POST /counted HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.lower().count(b"content-length:") == 1 and body == BODY
 
 
 async def test_a_header_with_a_line_break_is_never_sent(port: tuple[int, web.Application]) -> None:
