@@ -6,6 +6,8 @@ per call, and they almost never fire; without them a loaded daemon spent ~8% les
 call. Here deadlines fall into ticks of TICK seconds: adding or cancelling one is a dict
 operation, and the loop holds a single timer, for the earliest tick that has deadlines. A
 deadline fires at most TICK late, never early. Not thread-safe: use it from its loop's thread.
+
+Also `set_within`: the one bounded wait for an `asyncio.Event` (a child's exit, the drain's last call).
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ TICK = 0.05
 
 def _forgotten(*_: Any) -> None:
     """What a deadline calls once it fired or was cancelled: nothing."""
+
+
+async def set_within(event: asyncio.Event, timeout: float | None) -> bool:
+    """Whether `event` is set within `timeout` seconds (None: whenever it is)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 class Deadline:

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from gatewayd.calls import Call, CallContext, request_key
+from gatewayd.deadlines import set_within
 from gatewayd.errors import GatewayError, RequestCancelled, ShuttingDown
 
 logger = logging.getLogger(__name__)
@@ -101,21 +102,11 @@ class Inflight:
             return
         emptied = self._emptied = asyncio.Event()
         logger.info("waiting up to %gs for %d calls in flight", grace, len(self._calls))
-        if await _set_within(emptied, grace):
+        if await set_within(emptied, grace):
             return
         left = list(self._calls)
         logger.warning("cancelling %d calls still running after %gs", len(left), grace)
         for entry in left:
             entry.stop(ShuttingDown("gatewayd stopped before the call finished"))
-        if not await _set_within(emptied, CANCEL_GRACE):
+        if not await set_within(emptied, CANCEL_GRACE):
             logger.warning("%d calls still running %gs after they were cancelled", len(self._calls), CANCEL_GRACE)
-
-
-async def _set_within(event: asyncio.Event, timeout: float) -> bool:
-    """Whether `event` is set within `timeout` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            await event.wait()
-    except TimeoutError:
-        return False
-    return True

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from gatewayd.app import Daemon
 from gatewayd.settings import Settings
@@ -61,3 +62,10 @@ async def running_stack(config_dir: Path, **settings: Any) -> AsyncIterator[tupl
     """`running_daemon`, for tests that need only the daemon's state."""
     async with running_daemon(config_dir, **settings) as (client, daemon):
         yield client, daemon.state
+
+
+async def serving(runner: web.AppRunner) -> int:
+    """Set `runner` up and serve it on a free loopback port; that port (`runner.cleanup()` stops it)."""
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return int(runner.addresses[0][1])

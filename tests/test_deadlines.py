@@ -7,7 +7,7 @@ import gc
 import weakref
 from typing import Any
 
-from gatewayd.deadlines import TICK, Deadlines
+from gatewayd.deadlines import TICK, Deadlines, set_within
 
 # Generous: these tests check order and cancellation, not the machine's scheduling latency.
 BOUND = 5.0
@@ -127,3 +127,11 @@ async def test_a_deadline_done_with_keeps_no_cycle_with_its_holder() -> None:
         assert gone() is None
     finally:
         gc.enable()
+
+
+async def test_set_within_says_whether_the_event_came_in_time() -> None:
+    event = asyncio.Event()
+    assert not await set_within(event, TICK)  # never set: the wait ends at its timeout
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await set_within(event, 5.0)
+    assert await set_within(event, 0)  # already set: at once, whatever the timeout

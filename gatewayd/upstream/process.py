@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gatewayd.deadlines import set_within
 from gatewayd.errors import ToolServerUnavailable
 
 logger = logging.getLogger(__name__)
@@ -248,7 +249,7 @@ class ChildProcess:
 
     async def wait_exited(self, timeout: float | None) -> bool:
         """Whether the child exits (and its owner has been told) within `timeout` seconds (None: ever)."""
-        return await _wait_event(self._exited, timeout)
+        return await set_within(self._exited, timeout)
 
     # -- stdin -----------------------------------------------------------------------------
 
@@ -347,11 +348,11 @@ class ChildProcess:
                     flush()
                 if proc.stdin is not None:
                     proc.stdin.close()
-            if not await _wait_event(self._exited, STDIN_CLOSE_GRACE):
+            if not await set_within(self._exited, STDIN_CLOSE_GRACE):
                 _signal_group(proc.pid, signal.SIGTERM)
-                if not await _wait_event(self._exited, SIGTERM_GRACE):
+                if not await set_within(self._exited, SIGTERM_GRACE):
                     _signal_group(proc.pid, signal.SIGKILL)
-                    await _wait_event(self._exited, SIGKILL_GRACE + SIGTERM_GRACE)
+                    await set_within(self._exited, SIGKILL_GRACE + SIGTERM_GRACE)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -459,15 +460,6 @@ def _widen(pipe: asyncio.BaseTransport) -> None:
         fcntl.fcntl(end.fileno(), setpipe, CHILD_STDOUT_PIPE_BYTES)
     except OSError as exc:  # over the user's pipe quota, or past pipe-max-size
         logger.debug("stdout pipe not widened: %s", exc)
-
-
-async def _wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    try:
-        async with asyncio.timeout(timeout):
-            await event.wait()
-    except TimeoutError:
-        return False
-    return True
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

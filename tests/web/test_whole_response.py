@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from gatewayd.web import aiohttp_hooks
+from tests.stack import serving
 
 DEADLINE = 5.0
 BODY = b'{"jsonrpc":"2.0","id":1,"result":{}}'
@@ -76,11 +77,8 @@ async def port() -> AsyncIterator[tuple[int, web.Application]]:
     app.router.add_post("/broken", broken)
     app.router.add_post("/counted", counted)
     runner = WatchedRunner(app, shutdown_timeout=1.0, handler_cancellation=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     try:
-        yield int(runner.addresses[0][1]), app
+        yield await serving(runner), app
     finally:
         await runner.cleanup()
 
