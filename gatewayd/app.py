@@ -44,7 +44,7 @@ from gatewayd.surfaces import Surfaces
 from gatewayd.upstream.pool import Pool
 from gatewayd.upstream.server import State
 from gatewayd.urls import MCP_PATH
-from gatewayd.web.app import create_app
+from gatewayd.web.app import DIRECT_ROUTES, create_app
 from gatewayd.web.limits import ConnectionLimits, LimitedRunner, fit_open_file_limit, limit_loop_error_reports
 
 logger = logging.getLogger(__name__)
@@ -252,6 +252,7 @@ def make_runner(state: DaemonState) -> web.AppRunner:
     settings = state.settings
     return LimitedRunner(create_app(state), limits=ConnectionLimits.from_settings(settings),
                          shutdown_timeout=settings.shutdown_grace, handler_cancellation=False, access_log=None,
+                         direct=DIRECT_ROUTES,
                          keepalive_timeout=settings.keepalive_timeout, max_line_size=settings.max_line_bytes,
                          max_field_size=settings.max_header_bytes, max_headers=settings.max_headers)
 

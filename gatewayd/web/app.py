@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from gatewayd import metrics
 from gatewayd.errors import HttpError, TooManySessions, Unauthenticated, refusal
@@ -23,6 +23,8 @@ from gatewayd.web.keys import STATE
 
 logger = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The routes served without aiohttp's router (aiohttp_hooks.Direct), through the same middlewares: every call.
+DIRECT_ROUTES = ((hdrs.METH_POST, MCP_PATH),)
 
 
 @web.middleware

@@ -17,7 +17,9 @@ import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EmptyStreamReader, StreamReader
+from aiohttp.test_utils import make_mocked_request
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_urldispatcher import UrlMappingMatchInfo
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -297,3 +299,128 @@ async def test_close_now_sends_its_farewell_then_closes(served: tuple[RecordingS
     writer.close()
     async with asyncio.timeout(DEADLINE):
         await server.closed.wait()
+
+
+
+# -- routes served without the router ------------------------------------------------------------------
+
+
+def test_a_match_is_made_from_a_route_given_the_app_frozen_and_set_on_the_request() -> None:
+    # What Direct makes once per route, as Application._handle makes one per request.
+    assert list(parameters(UrlMappingMatchInfo.__init__)) == ["self", "match_dict", "route"]
+    assert list(parameters(UrlMappingMatchInfo.add_app)) == ["self", "app"]
+    assert list(parameters(UrlMappingMatchInfo.freeze)) == ["self"]
+    # A request's match is its `_match_info`, read by `match_info` and `app` (none of them cached before its handler).
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response()
+
+    app = web.Application()
+    match = UrlMappingMatchInfo({}, app.router.add_post("/x", handler))
+    match.add_app(app)
+    match.freeze()
+    request = make_mocked_request("POST", "/x")
+    request._match_info = match
+    assert request.match_info is match and request.app is app and match.handler is handler
+
+
+class Routed:
+    """What the handlers and the middleware saw of each request."""
+
+    def __init__(self) -> None:
+        self.matches: list[web.UrlMappingMatchInfo] = []
+        self.order: list[str] = []
+
+
+def routed_app(routed: Routed) -> web.Application:
+    @web.middleware
+    async def outer(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        routed.order.append("outer")
+        response: web.StreamResponse = await handler(request)
+        response.headers["X-Outer"] = "1"
+        return response
+
+    @web.middleware
+    async def inner(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        routed.order.append("inner")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def echo(request: web.Request) -> web.Response:
+        assert request.app is app
+        routed.matches.append(request.match_info)
+        routed.order.append("echo")
+        return web.Response(body=await request.read())
+
+    app = web.Application(middlewares=[outer, inner])
+    app.router.add_post("/echo", echo)
+    return app
+
+
+async def exchange(port: int, raw: bytes) -> tuple[int, bytes, bytes]:
+    """Send one raw request on a new connection; the status, the head and the body of its answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(raw)
+        async with asyncio.timeout(DEADLINE):
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b" 100 " in head.split(b"\r\n", 1)[0]:
+                head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        async with asyncio.timeout(DEADLINE):
+            return status, head, await reader.readexactly(length)
+    finally:
+        writer.close()
+
+
+async def test_a_direct_route_is_served_through_the_middlewares_with_the_same_match_every_time() -> None:
+    routed = Routed()
+    app = routed_app(routed)
+    runner = aiohttp_hooks.Runner(app, shutdown_timeout=1.0, handler_cancellation=False, access_log=None,
+                                  direct=[("POST", "/echo")])
+    port = await serving(runner)
+    try:
+        for body in (b"one", b"two"):
+            status, head, answer = await exchange(
+                port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert (status, answer) == (200, body) and b"X-Outer: 1" in head
+        assert routed.order == ["outer", "inner", "echo"] * 2
+        first, second = routed.matches
+        assert first is second  # made once, not per request
+        assert first.route.method == "POST" and first.route.resource is not None
+        assert first.route.resource.canonical == "/echo" and dict(first) == {}
+        assert first.apps == (app,)
+
+        # With a query, an Expect header, another method or another path: the router's answers, as without Direct.
+        status, head, answer = await exchange(
+            port, b"POST /echo?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n!")
+        assert (status, answer) == (200, b"!") and b"X-Outer: 1" in head
+        status, _, answer = await exchange(
+            port, b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n?")
+        assert (status, answer) == (200, b"?")
+        assert len(routed.matches) == 4 and not {id(match) for match in routed.matches[2:]} & {id(first)}
+        assert (await exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 405
+        assert (await exchange(port, b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"))[0] == 404
+    finally:
+        await runner.cleanup()
+
+
+def test_a_direct_route_must_exist_with_a_plain_path_and_new_style_middlewares() -> None:
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response()
+
+    app = routed_app(Routed())
+    app.router.add_post("/item/{name}", handler)
+    with pytest.raises(ValueError, match="no route GET /echo"):
+        aiohttp_hooks.Direct(app, handler, [("GET", "/echo")])
+    with pytest.raises(ValueError, match="no route POST /item/{name}"):
+        aiohttp_hooks.Direct(app, handler, [("POST", "/item/{name}")])
+
+    async def old_style(app: web.Application, handler: Any) -> Any:
+        return handler
+
+    legacy = web.Application(middlewares=[old_style])  # type: ignore[list-item]
+    legacy.router.add_post("/echo", handler)
+    with pytest.raises(ValueError, match="old-style middleware"):
+        aiohttp_hooks.Direct(legacy, handler, [("POST", "/echo")])
