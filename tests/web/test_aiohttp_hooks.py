@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
+from aiohttp import base_protocol, web, web_protocol
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EmptyStreamReader, StreamReader
 from aiohttp.test_utils import make_mocked_request
@@ -26,10 +26,15 @@ from packaging.version import Version
 
 from gatewayd.web import aiohttp_hooks
 from tests.stack import serving
+from tests.waiting import eventually
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 # Bound on every wait for the server to answer or close.
 DEADLINE = 5.0
+# Requests sent in one write: more than aiohttp queues on a connection before it stops reading (32).
+PIPELINED = 80
+# A body many times aiohttp's read buffer (its StreamReader pauses reading past 2 × 64 KiB), under its 1 MiB limit.
+LARGE_BODY = 1000 * 1024
 
 
 # -- the declared range ------------------------------------------------------------------------------
@@ -107,6 +112,26 @@ def test_request_handler_has_a_transport_and_the_attributes_the_connection_adds_
     assert not added & (slots | set(dir(RequestHandler)))
 
 
+def test_reading_is_paused_only_with_one_of_two_flags_set() -> None:
+    # What Connection.resume_reading relies on to skip a resume when nothing is paused: aiohttp pauses its
+    # transport (and its parser) only in these two methods, each setting its flag first.
+    slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
+    assert {"_reading_paused", "_buffer_paused"} <= slots
+    assert list(parameters(RequestHandler.resume_reading)) == ["self", "resume_parser"]
+    for method, flag in ((RequestHandler.pause_reading, "_reading_paused"),
+                         (RequestHandler._pause_reading_for_buffer, "_buffer_paused")):
+        source = inspect.getsource(method)
+        assert source.index(f"self.{flag} = True") < source.index("self._pause_transport_reading()"), method
+    # And nowhere else in the server's protocol: those two are the only callers of the method that pauses the
+    # transport, which nothing else pauses, and the parser is paused only in the first.
+    sources = [inspect.getsource(module) for module in (base_protocol, web_protocol)]
+    assert sum(source.count("self._pause_transport_reading()") for source in sources) == 2
+    assert sum(source.count("self.transport.pause_reading()") for source in sources) == 1
+    assert "self.transport.pause_reading()" in inspect.getsource(base_protocol.BaseProtocol._pause_transport_reading)
+    assert sum(source.count("self._parser.pause_reading()") for source in sources) == 1
+    assert "self._parser.pause_reading()" in inspect.getsource(RequestHandler.pause_reading)
+
+
 def test_requests_know_their_protocol_and_bodies_report_their_end() -> None:
     assert isinstance(inspect.getattr_static(web.BaseRequest, "protocol"), property)
     for reader in (StreamReader, EmptyStreamReader):
@@ -174,6 +199,8 @@ class Seen:
         self.body_read = False
         self.lost = asyncio.Event()
         self.tasks: list[asyncio.Task[Any] | None] = []
+        # What a held request waits for before it reads its body.
+        self.release = asyncio.Event()
 
     def read_to_the_end(self) -> None:
         self.body_read = True
@@ -195,8 +222,15 @@ async def serve(seen: Seen) -> tuple[RecordingRunner, int]:
         connection.cut_after_response()
         return web.Response(text="bye")
 
+    async def held(request: web.Request) -> web.Response:
+        seen.connection = aiohttp_hooks.connection_of(request)
+        async with asyncio.timeout(DEADLINE):
+            await seen.release.wait()
+        return web.Response(body=await request.read())
+
     app = web.Application()
     app.router.add_post("/echo", echo)
+    app.router.add_post("/held", held)
     app.router.add_get("/cut", cut)
     runner = RecordingRunner(app, shutdown_timeout=1.0, handler_cancellation=False, access_log=None)
     return runner, await serving(runner)
@@ -254,6 +288,39 @@ async def test_hooks_fire_in_order_for_kept_alive_requests_and_the_close(
         "closed",
     ]
     assert not seen.connection.is_open
+
+
+async def test_requests_pipelined_past_aiohttp_s_queue_are_all_answered_in_order(
+    served: tuple[RecordingServer, int, Seen],
+) -> None:
+    # More than aiohttp queues (32) in one write: it pauses reading for its queue and resumes as it drains.
+    _, port, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    bodies = [b"request %d" % index for index in range(PIPELINED)]
+    writer.write(b"".join(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                          for body in bodies))
+    for body in bodies:
+        assert await read_response(reader) == (200, body)
+    writer.close()
+
+
+async def test_a_body_past_the_read_buffer_pauses_reading_and_arrives_whole(
+    served: tuple[RecordingServer, int, Seen],
+) -> None:
+    _, port, seen = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = bytes(range(256)) * (LARGE_BODY // 256)
+    writer.write(b"POST /held HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+    writer.write(body)
+    # The handler reads nothing until aiohttp has stopped reading the socket for it (its buffer is full).
+    await eventually(lambda: seen.connection is not None and seen.connection._reading_paused, DEADLINE,
+                     "reading paused")
+    seen.release.set()
+    assert await read_response(reader) == (200, body)
+    # The connection reads on: the next request is answered.
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nnext")
+    assert await read_response(reader) == (200, b"next")
+    writer.close()
 
 
 async def test_a_refused_connection_gets_the_refusal_and_nothing_else(
