@@ -8,6 +8,10 @@ depends on when its events arrive, so compare the `gatewayd` package figure). Th
 (`sys.settrace` with opcode events, the main thread only, switched on and off by SIGUSR2); each target makes
 `--calls` calls one at a time after a warm-up, with the tracer on, and the counts per function are read back.
 
+Beside the opcodes it counts the loop's own steps: its turns, and each callback it was handed to run in a coming
+turn or at a time, by name (a task's wake-up with the coroutine it runs). Each turn costs a `select` and ~100
+bytecodes of asyncio's, and on 2 cores a turn that could have been saved often paid more than its bytecodes say.
+
 It counts Python work, not time: a call into C (JSON, a system call, the audit writer's thread) is one
 instruction however long it runs, and the tracer slows the daemon ~50× while on (the figures are per call, not per
 second). Use it to see how much Python a change adds or removes on a call's path, and where; use bench.ab for what
@@ -46,6 +50,8 @@ TARGETS: Final = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN, NOTIFICATION)
 DEFAULT_CALLS: Final = 200
 WARMUP_CALLS: Final = 100
 DEFAULT_TOP: Final = 20
+# A loop callback made fewer times a call than this is left out of the report (a timer that fires now and then).
+MIN_CALLBACKS_SHOWN: Final = 0.05
 # Where the daemon writes its counts when the tracer is switched off.
 OUT_ENV: Final = "GATEWAYD_OPCOUNT_OUT"
 # The counts file appears once the daemon has handled the signal; it is polled this often, this long.
@@ -57,26 +63,44 @@ WARMUP_NOTIFICATIONS: Final = 50
 SPACING_S: Final = 0.005
 STREAM_TIMEOUT_S: Final = 60.0
 # Run in the daemon's interpreter in place of `-m gatewayd`: the tracer, then the daemon as `python -m` runs it.
+# The loop's own steps, counted apart from the opcodes: each turn (`_run_once`), and each callback it is handed to
+# run in a coming turn (`_call_soon`) or at a time (`call_at`), by the callback's name and, for a task's wake-up, the
+# name of the coroutine it runs.
+TURN: Final = "(loop turns)"
 HOOK: Final = f"""
 import collections, os, pickle, runpy, signal, sys
 counts = collections.Counter()
+loop = collections.Counter()
 def local(frame, event, arg):
     if event == "opcode":
         code = frame.f_code
         counts[(code.co_filename, code.co_firstlineno, code.co_name)] += 1
     return local
+def named(callback):
+    name = getattr(callback, "__qualname__", type(callback).__name__)
+    coro = getattr(getattr(callback, "__self__", None), "get_coro", None)
+    return name + " (" + getattr(coro(), "__qualname__", "?") + ")" if coro is not None else name
 def start(frame, event, arg):
+    code = frame.f_code
+    if code.co_filename.endswith("asyncio/base_events.py"):
+        if code.co_name == "_run_once":
+            loop[{TURN!r}] += 1
+        elif code.co_name == "_call_soon":
+            loop["soon: " + named(frame.f_locals.get("callback"))] += 1
+        elif code.co_name == "call_at":
+            loop["at: " + named(frame.f_locals.get("callback"))] += 1
     frame.f_trace_opcodes = True
     return local
 def toggle(signum, frame):
     if sys.gettrace() is None:
         counts.clear()
+        loop.clear()
         sys.settrace(start)
         return
     sys.settrace(None)
     path = os.environ[{OUT_ENV!r}]
     with open(path + ".part", "wb") as out:
-        pickle.dump(dict(counts), out)
+        pickle.dump((dict(counts), dict(loop)), out)
     os.replace(path + ".part", path)
 signal.signal(signal.SIGUSR2, toggle)
 sys.argv[0] = "gatewayd"
@@ -90,8 +114,14 @@ def traced_argv(argv: list[str]) -> list[str]:
     return [*argv[:at], "-c", HOOK, *argv[at + 2:]]
 
 
-async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) -> dict[tuple[str, int, str], int]:
-    """Opcodes per function over `calls` calls of `target`, made one at a time with the tracer on."""
+Opcodes = dict[tuple[str, int, str], int]
+# What the tracer reads back: opcodes per function, and the loop's turns and callbacks (TURN).
+Counts = tuple[Opcodes, dict[str, int]]
+
+
+async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) -> Counts:
+    """Opcodes per function, and the loop's steps, over `calls` calls of `target`, made one at a time with the tracer
+    on."""
     for _ in range(WARMUP_CALLS):
         await target.call()
     await asyncio.to_thread(out.unlink, True)
@@ -99,19 +129,19 @@ async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) ->
     for _ in range(calls):
         await target.call()
     os.kill(daemon.pid, signal.SIGUSR2)
-    counts: dict[tuple[str, int, str], int] = pickle.loads(await _written(out))
+    counts: Counts = pickle.loads(await _written(out))
     return counts
 
 
-async def count_notifications(daemon: ServerProcess, session: SseTarget, out: Path) -> tuple[
-        dict[tuple[str, int, str], int], int]:
-    """Opcodes per function over one stream of NOTIFICATIONS progress notifications, and how many arrived."""
+async def count_notifications(daemon: ServerProcess, session: SseTarget, out: Path) -> tuple[Counts, int]:
+    """Opcodes per function, and the loop's steps, over one stream of NOTIFICATIONS progress notifications, and how
+    many arrived."""
     await _stream(session, WARMUP_NOTIFICATIONS)
     await asyncio.to_thread(out.unlink, True)
     os.kill(daemon.pid, signal.SIGUSR2)
     received = await _stream(session, NOTIFICATIONS)
     os.kill(daemon.pid, signal.SIGUSR2)
-    counts: dict[tuple[str, int, str], int] = pickle.loads(await _written(out))
+    counts: Counts = pickle.loads(await _written(out))
     if received != NOTIFICATIONS:
         raise RuntimeError(f"{received} of {NOTIFICATIONS} notifications arrived")
     return counts, received
@@ -146,8 +176,9 @@ def where(filename: str) -> str:
     return Path(filename).name
 
 
-def summarise(counts: dict[tuple[str, int, str], int], calls: int, top: int) -> dict[str, Any]:
-    """Opcodes per call in all, by package, and the `top` functions."""
+def summarise(counted: Counts, calls: int, top: int) -> dict[str, Any]:
+    """Opcodes per call in all, by package, and the `top` functions; the loop's turns and callbacks per call."""
+    counts, loop = counted
     by_function: collections.Counter[str] = collections.Counter()
     for (filename, line, name), n in counts.items():
         by_function[f"{where(filename)}:{line} {name}"] += n
@@ -156,7 +187,10 @@ def summarise(counts: dict[tuple[str, int, str], int], calls: int, top: int) -> 
         by_package[function.split("/", 1)[0] if "/" in function else "other"] += n
     return {"calls": calls, "opcodes_per_call": round(sum(counts.values()) / calls, 1),
             "by_package": {name: round(n / calls, 1) for name, n in by_package.most_common()},
-            "top": [[function, round(n / calls, 1)] for function, n in by_function.most_common(top)]}
+            "top": [[function, round(n / calls, 1)] for function, n in by_function.most_common(top)],
+            "loop_turns_per_call": round(loop.get(TURN, 0) / calls, 2),
+            "loop_callbacks_per_call": {name: round(n / calls, 2) for name, n in sorted(
+                loop.items(), key=lambda item: -item[1]) if name != TURN and n / calls >= MIN_CALLBACKS_SHOWN}}
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -201,6 +235,8 @@ def report(record: dict[str, Any]) -> str:
         unit = "a notification" if name == NOTIFICATION else "a call"
         lines += [f"{name}: {figures['opcodes_per_call']:g} opcodes {unit} ({packages})"]
         lines += [f"  {n:8.1f}  {function}" for function, n in figures["top"]]
+        callbacks = ", ".join(f"{callback} {n:g}" for callback, n in figures["loop_callbacks_per_call"].items())
+        lines += [f"  loop: {figures['loop_turns_per_call']:g} turns {unit}; callbacks: {callbacks or 'none'}"]
     return "\n".join(lines)
 
 
