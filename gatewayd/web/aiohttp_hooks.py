@@ -13,6 +13,7 @@ else) a small surface instead:
 - `Runner`: aiohttp's AppRunner, serving the app through `make_server`'s Server, and the routes it is
   given as `direct` without the router (`Direct`).
 - `connection_of(request)` and `when_body_read(request, callback)`, for code holding a request.
+- `write_now(response, data)`: a streamed response's write, done at once when it needs no wait.
 
 What it relies on, none of it documented (checked by tests/web/test_aiohttp_hooks.py, by name):
 
@@ -41,6 +42,10 @@ What it relies on, none of it documented (checked by tests/web/test_aiohttp_hook
   `_match_info` (a `UrlMappingMatchInfo(match_dict, route)` given the app by `add_app` and frozen), answers
   an `Expect` header, and awaits the route's handler wrapped in the app's new-style middlewares, the first
   outermost, each as `partial(middleware, handler=inner)`; the server awaiting what its request handler returns.
+- `write_now`: that `StreamWriter.write(chunk)` of an uncompressed body without a declared length, with no
+  `_on_chunk_sent` or `on_body_write` observer and its headers out (`_headers_written`), is
+  `_write_chunked_payload(chunk)` when `chunked`, else `_write(chunk)`, then a drain that waits only while the
+  protocol's `writing_paused`; a response's `_payload_writer` and `_eof_sent`.
 - On Python 3.11: `RequestHandler.start` making each request's task with `self._loop.create_task(coro)` of a
   `RequestHandler._handle_request` coroutine, and awaiting it at once; the protocol's loop being its `_loop`
   attribute, not passed on to anything that needs the loop itself (its requests and bodies get the server's).
@@ -68,6 +73,7 @@ from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
+from aiohttp.http_writer import StreamWriter
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -474,6 +480,28 @@ def connection_of(request: web.BaseRequest) -> Connection | None:
     """The connection `request` came on; None when served by a plain aiohttp server (its test utilities)."""
     protocol = request.protocol
     return protocol if isinstance(protocol, Connection) else None
+
+
+def write_now(response: web.StreamResponse, data: bytes) -> bool:
+    """Write `data` on a prepared streamed response at once, as `await response.write(data)` would, when that needs
+    no wait: its headers are out and its transport is under its high-water mark. False, with nothing written, when it
+    would wait (or the response is not one this knows how to write): the caller then awaits `response.write`.
+    Raises ConnectionResetError when the client is gone.
+
+    For a stream that writes from a callback (an SSE notification as the child's line is read) instead of waking a
+    task to write it: one loop turn and a task step less a notification."""
+    if not data:
+        return True  # as aiohttp writes nothing for it: an empty chunk would end a chunked body
+    writer = response._payload_writer
+    if (not isinstance(writer, StreamWriter) or response._eof_sent or not writer._headers_written
+            or writer._compress is not None or writer._on_chunk_sent is not None or writer.on_body_write is not None
+            or writer.length is not None or writer.protocol.writing_paused):
+        return False
+    if writer.chunked:
+        writer._write_chunked_payload(data)
+    else:
+        writer._write(data)
+    return True
 
 
 def when_body_read(request: web.BaseRequest, callback: Callable[[], None]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from gatewayd.deadlines import Deadlines
-from gatewayd.web import bodies
+from gatewayd.web import aiohttp_hooks, bodies
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +57,26 @@ class CallStream:
         self._pump: asyncio.Task[None] | None = None
         self._timer = deadlines.call_later(keepalive, self._open)
         self._finished = False
+        # An event was written past the pump (`emit`) since it began to wait: its keep-alive is not due.
+        self._spoke = False
         self.broken = False
         self.dropped = 0
 
     def emit(self, message: dict[str, Any]) -> None:
-        """Queue a notification of the call; it opens the stream if it is not open yet."""
+        """Send a notification of the call: written at once on an open stream whose pump waits with nothing queued
+        and whose client keeps up (no loop turn for the pump), else queued for the pump, opening the stream if it is
+        not open yet."""
         if self.broken:
             return
+        waiter, response = self._waiter, self._response
+        if waiter is not None and not waiter.done() and not self._events and response is not None:
+            try:
+                if aiohttp_hooks.write_now(response, bodies.event(message)):
+                    self._spoke = True
+                    return
+            except ConnectionError:
+                self.broken = True
+                return
         if len(self._events) >= QUEUE_LIMIT:
             self.dropped += 1
             return
@@ -82,7 +95,7 @@ class CallStream:
 
     async def _run(self) -> None:
         """Owns the open stream: headers, queued events (those queued together in one write), keep-alives, until
-        `finish`."""
+        `finish`. While it waits with nothing queued, `emit` writes past it."""
         response = self._response = web.StreamResponse(headers={**HEADERS, **self._headers})
         loop = asyncio.get_running_loop()
         try:
@@ -102,8 +115,9 @@ class CallStream:
                 finally:
                     keepalive.cancel()
                     self._waiter = None
-                if idle:
+                if idle and not self._spoke:
                     await response.write(KEEPALIVE)
+                self._spoke = False
         except ConnectionError:
             # A dropped stream is not a cancellation (MCP 2025): the call goes on, its answer has nowhere to go.
             self.broken = True

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import base_protocol, web, web_protocol
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_writer import StreamWriter
 from aiohttp.streams import EmptyStreamReader, StreamReader
 from aiohttp.test_utils import make_mocked_request
 from aiohttp.web_protocol import RequestHandler
@@ -35,6 +36,10 @@ DEADLINE = 5.0
 PIPELINED = 80
 # A body many times aiohttp's read buffer (its StreamReader pauses reading past 2 × 64 KiB), under its 1 MiB limit.
 LARGE_BODY = 1000 * 1024
+# Chunks a streaming handler writes at once before its client, reading nothing, must have made it stop (a few MiB
+# fill a loopback connection's buffers), and how large each is.
+MAX_CHUNKS = 4096
+CHUNK = b"x" * 16 * 1024
 
 
 # -- the declared range ------------------------------------------------------------------------------
@@ -491,3 +496,93 @@ def test_a_direct_route_must_exist_with_a_plain_path_and_new_style_middlewares()
     legacy.router.add_post("/echo", handler)
     with pytest.raises(ValueError, match="old-style middleware"):
         aiohttp_hooks.Direct(legacy, handler, [("POST", "/echo")])
+
+
+# -- writing a stream's chunk at once ----------------------------------------------------------------
+
+
+def test_a_stream_writer_writes_a_chunk_as_write_now_does() -> None:
+    # What write_now does in place of `await writer.write(chunk)` when that would not wait.
+    source = inspect.getsource(StreamWriter.write)
+    assert "self._write_chunked_payload(chunk)" in source and "self._write(chunk)" in source
+    assert "await self.drain()" in source
+    assert "protocol._paused" in inspect.getsource(StreamWriter.drain)
+    assert isinstance(inspect.getattr_static(base_protocol.BaseProtocol, "writing_paused"), property)
+    for name in ("_write_chunked_payload", "_write"):
+        assert list(parameters(getattr(StreamWriter, name))) == ["self", "chunk"]
+    made = inspect.getsource(StreamWriter.__init__)
+    for name in ("_headers_written", "_on_chunk_sent", "on_body_write"):
+        assert f"self.{name}" in made, name
+    for name in ("_compress", "length", "chunked"):
+        assert hasattr(StreamWriter, name), name
+
+
+class Streamed:
+    """What a streaming handler did: how many chunks it wrote at once, and when its client stopped keeping up."""
+
+    def __init__(self) -> None:
+        self.at_once = 0
+        self.held_back = asyncio.Event()
+        self.before_headers: bool | None = None
+
+
+async def stream_server(streamed: Streamed) -> tuple[web.AppRunner, int]:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        # Right after `prepare`: written at once only if aiohttp has sent the headers (it may hold them back until
+        # the first write). Nothing is written for an empty chunk (in a chunked body it would be the end).
+        streamed.before_headers = aiohttp_hooks.write_now(response, b"<early>")
+        assert aiohttp_hooks.write_now(response, b"")
+        await response.write(b"<start>")
+        assert aiohttp_hooks.write_now(response, b"")
+        while streamed.at_once < MAX_CHUNKS and aiohttp_hooks.write_now(response, CHUNK):
+            streamed.at_once += 1
+        streamed.held_back.set()
+        await response.write(b"<end>")  # waits for the client, as write_now would not
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/stream", stream)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=DEADLINE)
+    return runner, await serving(runner)
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+async def test_write_now_writes_until_the_client_falls_behind_and_everything_arrives(version: str) -> None:
+    streamed = Streamed()
+    runner, port = await stream_server(streamed)
+    # Room for the whole answer in the client's buffer: it is read in one go.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=2 * MAX_CHUNKS * len(CHUNK))
+    try:
+        writer.write(f"GET /stream HTTP/{version}\r\nHost: x\r\n\r\n".encode())
+        # The client reads nothing until the server's writes have filled what the connection holds.
+        async with asyncio.timeout(DEADLINE):
+            await streamed.held_back.wait()
+        assert 0 < streamed.at_once < MAX_CHUNKS, "write_now never declined: it would buffer without bound"
+        async with asyncio.timeout(DEADLINE):
+            # HTTP/1.0: the body ends with the connection; HTTP/1.1: with the last, empty chunk.
+            raw = await (reader.read() if version == "1.0" else reader.readuntil(b"\r\n0\r\n\r\n"))
+    finally:
+        writer.close()  # a handler still waiting for this client then ends, and the cleanup with it
+        await runner.cleanup()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if version == "1.1":
+        assert b"Transfer-Encoding: chunked" in head
+        body = dechunked(body)
+    early = b"<early>" if streamed.before_headers else b""
+    assert body == early + b"<start>" + CHUNK * streamed.at_once + b"<end>"
+
+
+def dechunked(body: bytes) -> bytes:
+    out: list[bytes] = []
+    rest = body
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(rest[:size])
+        assert rest[size:size + 2] == b"\r\n"
+        rest = rest[size + 2:]

@@ -20,6 +20,9 @@ Client = LocalClient
 SSE = "application/json, text/event-stream"
 # A client that takes an event stream only: its answers are SSE even when they are ready at once.
 SSE_ONLY = "text/event-stream"
+# Progress notifications sent this far apart (seconds), this many: each read on its own by the gateway.
+SPACING = 0.01
+SPACED_STEPS = 20
 CALC = python_command("-m", "gatewayd.examples.calc") + """
 protocol = "jsonrpc"
 [methods.add]
@@ -301,6 +304,19 @@ async def test_tools_call_streams_progress_then_the_result_over_sse(stack: Stack
     assert {p["progressToken"] for p in progress} == {"tok-1"}
     assert any(e.get("method") == "notifications/message" for e in events)
     assert events[-1]["id"] == 9 and events[-1]["result"]["structuredContent"] == {"value": {"steps": 3}}
+
+
+async def test_notifications_arriving_one_by_one_on_an_open_stream_all_arrive_in_order(stack: Stack) -> None:
+    # Spaced out, each finds the stream open and its writer waiting: written as it is read (sse.CallStream.emit).
+    session = await stack.initialize()
+    params = {"name": "fault__progress", "arguments": {"steps": SPACED_STEPS, "interval": SPACING},
+              "_meta": {"progressToken": "tok-2"}}
+    response = await stack.post(call("tools/call", params, id=10), Accept=SSE, **{"Mcp-Session-Id": session})
+    assert response.content_type == "text/event-stream"
+    events = sse_events(await response.text())
+    progress = [e["params"]["progress"] for e in events if e.get("method") == "notifications/progress"]
+    assert progress == list(range(1, SPACED_STEPS + 1))
+    assert events[-1]["id"] == 10 and events[-1]["result"]["structuredContent"] == {"value": {"steps": SPACED_STEPS}}
 
 
 async def test_long_calls_get_keepalive_comments(stack: Stack) -> None:
