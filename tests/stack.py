@@ -69,3 +69,16 @@ async def serving(runner: web.AppRunner) -> int:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     return int(runner.addresses[0][1])
+
+
+def dechunked(body: bytes) -> bytes:
+    """The content of a chunked HTTP/1.1 body, read raw up to and with its last, empty chunk."""
+    out: list[bytes] = []
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(body[:size])
+        assert body[size:size + 2] == b"\r\n", "a chunk not followed by CRLF"
+        body = body[size + 2:]

@@ -26,7 +26,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from gatewayd.web import aiohttp_hooks
-from tests.stack import serving
+from tests.stack import dechunked, serving
 from tests.waiting import eventually
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -573,16 +573,3 @@ async def test_write_now_writes_until_the_client_falls_behind_and_everything_arr
         body = dechunked(body)
     early = b"<early>" if streamed.before_headers else b""
     assert body == early + b"<start>" + CHUNK * streamed.at_once + b"<end>"
-
-
-def dechunked(body: bytes) -> bytes:
-    out: list[bytes] = []
-    rest = body
-    while True:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line, 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(rest[:size])
-        assert rest[size:size + 2] == b"\r\n"
-        rest = rest[size + 2:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from gatewayd.state import DaemonState
 from tests.daemon import FAULTSRV, headers, python_command, write_config
-from tests.stack import LocalClient, running_stack
+from tests.stack import LocalClient, dechunked, running_stack
 from tests.waiting import eventually
 
 Client = LocalClient
@@ -23,6 +24,11 @@ SSE_ONLY = "text/event-stream"
 # Progress notifications sent this far apart (seconds), this many: each read on its own by the gateway.
 SPACING = 0.01
 SPACED_STEPS = 20
+# A client that stops reading its stream: this many progress notifications of about this many bytes each, past what
+# its connection holds and the gateway queues for it (sse.QUEUE_LIMIT), with a receive buffer this small.
+FLOOD_STEPS = 6000
+FLOOD_PAD = 4096
+SLOW_RCVBUF = 4096
 CALC = python_command("-m", "gatewayd.examples.calc") + """
 protocol = "jsonrpc"
 [methods.add]
@@ -317,6 +323,41 @@ async def test_notifications_arriving_one_by_one_on_an_open_stream_all_arrive_in
     progress = [e["params"]["progress"] for e in events if e.get("method") == "notifications/progress"]
     assert progress == list(range(1, SPACED_STEPS + 1))
     assert events[-1]["id"] == 10 and events[-1]["result"]["structuredContent"] == {"value": {"steps": SPACED_STEPS}}
+
+
+async def test_a_client_that_stops_reading_its_stream_loses_notifications_past_the_queue_but_not_the_answer(
+        stack: Stack, caplog: Any) -> None:
+    caplog.set_level(logging.WARNING, logger="gatewayd.web.mcp_http")
+    session = await stack.initialize()
+    params = {"name": "fault__progress", "arguments": {"steps": FLOOD_STEPS, "pad": FLOOD_PAD},
+              "_meta": {"progressToken": "slow"}}
+    body = json.dumps(call("tools/call", params, id=11)).encode()
+    head = {**stack.headers(), "Accept": SSE, "Mcp-Session-Id": session, "Host": f"127.0.0.1:{stack.client.port}",
+            "Content-Length": str(len(body))}
+    # A client with a small receive window that reads nothing until the call is over.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_RCVBUF)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", stack.client.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=FLOOD_STEPS * FLOOD_PAD * 2)
+    try:
+        writer.write(b"POST /mcp HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode()
+                     + b"\r\n" + body)
+        await eventually(lambda: stack.record.exists() and "tools/call" in stack.record.read_text(),
+                         what="the call reached its server")
+        await eventually(lambda: len(stack.state.inflight) == 0, what="the server answered the call")
+        async with asyncio.timeout(30):
+            raw = await reader.readuntil(b"\r\n0\r\n\r\n")
+    finally:
+        writer.close()
+    events = sse_events(dechunked(raw.partition(b"\r\n\r\n")[2]).decode())
+    progress = [e["params"]["progress"] for e in events if e.get("method") == "notifications/progress"]
+    notifications = sum(1 for e in events if "method" in e)
+    assert progress == sorted(set(progress)) and progress[0] == 1  # in order, none twice
+    assert events[-1]["id"] == 11 and events[-1]["result"]["structuredContent"] == {"value": {"steps": FLOOD_STEPS}}
+    await eventually(lambda: "slow SSE reader" in caplog.text, what="the gateway said what it dropped")
+    dropped = int(caplog.text.split("slow SSE reader: ")[1].split(" ")[0])
+    assert dropped > 0 and notifications + dropped == FLOOD_STEPS + 1  # the progress and the log message
 
 
 async def test_long_calls_get_keepalive_comments(stack: Stack) -> None:
