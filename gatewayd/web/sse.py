@@ -47,7 +47,8 @@ class CallStream:
         # and a client that takes JSON then gets JSON: mcp_http.py).
         self._headers = headers
         self._keepalive = keepalive
-        self._events: collections.deque[dict[str, Any]] = collections.deque()
+        # Encoded events waiting for the pump.
+        self._events: collections.deque[bytes] = collections.deque()
         self._deadlines = deadlines
         # What the open stream's pump waits on while it has nothing to write: set by `emit` and `finish` (False),
         # or by the keep-alive's deadline (True). A future and a coarse deadline per wait, not an Event and a loop
@@ -68,19 +69,20 @@ class CallStream:
         not open yet."""
         if self.broken:
             return
+        if len(self._events) >= QUEUE_LIMIT:
+            self.dropped += 1
+            return
+        event = bodies.event(message)
         waiter, response = self._waiter, self._response
         if waiter is not None and not waiter.done() and not self._events and response is not None:
             try:
-                if aiohttp_hooks.write_now(response, bodies.event(message)):
+                if aiohttp_hooks.write_now(response, event):
                     self._spoke = True
                     return
             except ConnectionError:
                 self.broken = True
                 return
-        if len(self._events) >= QUEUE_LIMIT:
-            self.dropped += 1
-            return
-        self._events.append(message)
+        self._events.append(event)
         self._open()
         self._wake(False)
 
@@ -104,7 +106,7 @@ class CallStream:
                 if self._events:
                     events = self._events
                     self._events = collections.deque()
-                    await response.write(b"".join(map(bodies.event, events)))
+                    await response.write(b"".join(events))
                     continue
                 if self._finished:
                     return
