@@ -108,10 +108,11 @@ runpy.run_module("gatewayd", run_name="__main__", alter_sys=True)
 """
 
 
-def traced_argv(argv: list[str]) -> list[str]:
-    """The daemon's command with `-m gatewayd` replaced by the tracer's hook."""
+def traced_argv(argv: list[str], hook: str = HOOK) -> list[str]:
+    """The daemon's command with `-m gatewayd` replaced by `hook` (the tracer's, or another probe's that is switched
+    on and off by SIGUSR2 and writes what it saw, pickled, to the file OUT_ENV names)."""
     at = argv.index("-m")
-    return [*argv[:at], "-c", HOOK, *argv[at + 2:]]
+    return [*argv[:at], "-c", hook, *argv[at + 2:]]
 
 
 Opcodes = dict[tuple[str, int, str], int]
@@ -119,9 +120,9 @@ Opcodes = dict[tuple[str, int, str], int]
 Counts = tuple[Opcodes, dict[str, int]]
 
 
-async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) -> Counts:
-    """Opcodes per function, and the loop's steps, over `calls` calls of `target`, made one at a time with the tracer
-    on."""
+async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) -> Any:
+    """What the daemon's probe saw over `calls` calls of `target`, made one at a time with it on (the tracer's: opcodes
+    per function, and the loop's steps)."""
     for _ in range(WARMUP_CALLS):
         await target.call()
     await asyncio.to_thread(out.unlink, True)
@@ -129,8 +130,7 @@ async def count(daemon: ServerProcess, target: Target, calls: int, out: Path) ->
     for _ in range(calls):
         await target.call()
     os.kill(daemon.pid, signal.SIGUSR2)
-    counts: Counts = pickle.loads(await _written(out))
-    return counts
+    return pickle.loads(await _written(out))
 
 
 async def count_notifications(daemon: ServerProcess, session: SseTarget, out: Path) -> tuple[Counts, int]:
@@ -207,25 +207,30 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         try:
             async with client_session(1) as http:
                 for name in args.targets:
-                    target: Target
                     if name == NOTIFICATION:
                         session = SseTarget(name, http, url, token, daemon.pid)
                         await session.open_session()
                         counts, received = await count_notifications(daemon, session, out)
                         record["targets"][name] = summarise(counts, received, args.top)
                         continue
-                    if name == GATEWAYD_SSE:
-                        target = SseTarget(name, http, url, token, daemon.pid)
-                        await target.open_session()
-                    elif name == GATEWAYD_MODERN:
-                        target = ModernTarget(name, http, url, token, daemon.pid)
-                    else:
-                        target = JsonTarget(name, http, url, token, daemon.pid)
+                    target = await call_target(name, http, url, token, daemon.pid)
                     counts = await count(daemon, target, args.calls, out)
                     record["targets"][name] = summarise(counts, args.calls, args.top)
         finally:
             await daemon.stop()
     return record
+
+
+async def call_target(name: str, http: aiohttp.ClientSession, url: str, token: str, pid: int) -> Target:
+    """The call target `name` (GATEWAYD_JSON, GATEWAYD_SSE or GATEWAYD_MODERN) on the daemon at `url`, its session
+    open if it has one."""
+    if name == GATEWAYD_SSE:
+        session = SseTarget(name, http, url, token, pid)
+        await session.open_session()
+        return session
+    if name == GATEWAYD_MODERN:
+        return ModernTarget(name, http, url, token, pid)
+    return JsonTarget(name, http, url, token, pid)
 
 
 def report(record: dict[str, Any]) -> str:
