@@ -30,45 +30,67 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-from bench.driver import client_session
+from bench.driver import JsonTarget, client_session
+from bench.floor import TOKEN_ENV
 from bench.opcount import OUT_ENV, call_target, count, traced_argv
-from bench.procs import ServerProcess, bench_env, daemon_argv, install_copy
-from bench.run import GATEWAYD_JSON, GATEWAYD_MODERN, GATEWAYD_SSE, RESULTS_DIR, save
+from bench.procs import ServerProcess, bench_env, daemon_argv, floor_argv, install_copy
+from bench.run import GATEWAYD_JSON, GATEWAYD_MODERN, GATEWAYD_SSE, RELAY, RESULTS_DIR, save
 from bench.scale import streaming_config
 
-TARGETS: Final = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN)
+TARGETS: Final = (GATEWAYD_JSON, GATEWAYD_SSE, GATEWAYD_MODERN, RELAY)
 DEFAULT_CALLS: Final = 2000
-# A call's marks in order; a call is the run of marks from one `request` to the next.
-MARKS: Final = ("request", "parsed", "handler", "dispatch", "server", "child_write", "child_written",
-                "child_answer", "answer_read", "response_written")
 # The four parts of a call: (name, from mark, to mark); the client's runs to the next call's `request`.
 PARTS: Final = (("daemon, in", "request", "child_written"), ("child", "child_written", "child_answer"),
                 ("daemon, out", "child_answer", "response_written"), ("client", "response_written", None))
-# The probe, run in the daemon's interpreter: wraps the methods that mark a call's steps, then runs the daemon as
-# `python -m gatewayd` would. The marks are noted only while it is on; SIGUSR2 switches it, and switching it off
+# A gatewayd call's marks in order; a call is the run of marks from one `request` to the next.
+MARKS: Final = ("request", "parsed", "handler", "dispatch", "server", "child_write", "child_written",
+                "child_answer", "answer_read", "response_written")
+# The relay floor (bench/relay.py) has no steps of gatewayd's between reading a request and writing to its child.
+RELAY_MARKS: Final = ("request", "parsed", "child_write", "child_written", "child_answer", "answer_read",
+                      "response_written")
+# The probe, run in the server's interpreter: wraps the methods that mark a call's steps (WRAPS), then runs the
+# server as `python -m` would. The marks are noted only while it is on; SIGUSR2 switches it, and switching it off
 # writes them out.
-HOOK: Final = f"""
+PROBE: Final = f"""
 import os, pickle, runpy, signal, sys, time
-from gatewayd.gateway import Gateway
-from gatewayd.upstream import process
-from gatewayd.upstream.server import ToolServer
-from gatewayd.web import aiohttp_hooks
 now = time.perf_counter_ns
 on = False
 marks = []
-def wrap(owner, name, entered, left=None):
+def wrap(owner, name, entered, left=None, when=None):
     inner = getattr(owner, name)
     def marked(*args, **kwargs):
-        if on:
+        noted = on and (when is None or when(*args))
+        if noted:
             marks.append((entered, now()))
         if left is None:
             return inner(*args, **kwargs)
         result = inner(*args, **kwargs)
-        if on:
+        if noted:
             marks.append((left, now()))
         return result
     setattr(owner, name, marked)
-wrap(aiohttp_hooks.Connection, "data_received", "request", "parsed")
+def read_bytes(protocol, data):
+    # aiohttp feeds its parser no bytes when a body has been read (gatewayd's connection does not): not a request.
+    return bool(data)
+def toggle(signum, frame):
+    global on
+    if not on:
+        marks.clear()
+        on = True
+        return
+    on = False
+    path = os.environ[{OUT_ENV!r}]
+    with open(path + ".part", "wb") as out:
+        pickle.dump(marks, out)
+    os.replace(path + ".part", path)
+signal.signal(signal.SIGUSR2, toggle)
+"""
+GATEWAYD_WRAPS: Final = """
+from gatewayd.gateway import Gateway
+from gatewayd.upstream import process
+from gatewayd.upstream.server import ToolServer
+from gatewayd.web import aiohttp_hooks
+wrap(aiohttp_hooks.Connection, "data_received", "request", "parsed", read_bytes)
 wrap(aiohttp_hooks.Direct, "__call__", "handler")
 wrap(Gateway, "dispatch", "dispatch")
 wrap(ToolServer, "call_method", "server")
@@ -82,35 +104,36 @@ async def prepared(self, request):
         marks.append(("response_written", now()))
     return writer
 aiohttp_hooks.WholeResponse.prepare = prepared
-def toggle(signum, frame):
-    global on
-    if not on:
-        marks.clear()
-        on = True
-        return
-    on = False
-    path = os.environ[{OUT_ENV!r}]
-    with open(path + ".part", "wb") as out:
-        pickle.dump(marks, out)
-    os.replace(path + ".part", path)
-signal.signal(signal.SIGUSR2, toggle)
 sys.argv[0] = "gatewayd"
 runpy.run_module("gatewayd", run_name="__main__", alter_sys=True)
 """
+# The relay floor writes to its child through asyncio's pipe transport, reads it through asyncio's subprocess
+# protocol, and answers with aiohttp's own response (headers and body in one `_writelines`).
+RELAY_WRAPS: Final = """
+from asyncio import base_subprocess, unix_events
+from aiohttp import http_writer, web_protocol
+wrap(web_protocol.RequestHandler, "data_received", "request", "parsed", read_bytes)
+wrap(unix_events._UnixWritePipeTransport, "write", "child_write", "child_written")
+wrap(base_subprocess.ReadSubprocessPipeProto, "data_received", "child_answer", "answer_read")
+wrap(http_writer.StreamWriter, "_writelines", "response_write", "response_written")
+sys.argv[0] = "bench.relay"
+runpy.run_module("bench.relay", run_name="__main__", alter_sys=True)
+"""
+
 
 Mark = tuple[str, int]
 
 
-def calls_of(marks: list[Mark]) -> list[dict[str, int]]:
+def calls_of(marks: list[Mark], names: tuple[str, ...]) -> list[dict[str, int]]:
     """Each whole call's marks (the first of each name), from one `request` to the next; the last call, whose next
-    request never came, is left out, as is one missing a mark."""
+    request never came, is left out, as is one missing any of `names`."""
     calls: list[dict[str, int]] = []
     current: dict[str, int] | None = None
     for name, at in marks:
         if name == "request":
             if current is not None:
                 current["next_request"] = at
-                if all(mark in current for mark in MARKS):
+                if all(mark in current for mark in names):
                     calls.append(current)
             current = {}
         if current is not None:
@@ -118,17 +141,17 @@ def calls_of(marks: list[Mark]) -> list[dict[str, int]]:
     return calls
 
 
-def summarise(marks: list[Mark]) -> dict[str, Any]:
-    """Median µs of each step and of each part of a call, and the calls/s that makes."""
-    calls = calls_of(marks)
+def summarise(marks: list[Mark], names: tuple[str, ...]) -> dict[str, Any]:
+    """Median µs of each step between the marks `names` and of each part of a call, and the calls/s that makes."""
+    calls = calls_of(marks, names)
     if not calls:
         raise RuntimeError("no whole call was marked")
 
     def median_us(start: str, end: str) -> float:
         return round(statistics.median((call[end] - call[start]) / 1000 for call in calls), 1)
 
-    steps = {f"{start} → {end}": median_us(start, end) for start, end in itertools.pairwise(MARKS)}
-    steps[f"{MARKS[-1]} → next request"] = median_us(MARKS[-1], "next_request")
+    steps = {f"{start} → {end}": median_us(start, end) for start, end in itertools.pairwise(names)}
+    steps[f"{names[-1]} → next request"] = median_us(names[-1], "next_request")
     parts = {name: median_us(start, end or "next_request") for name, start, end in PARTS}
     whole = median_us("request", "next_request")
     return {"calls": len(calls), "steps_us": steps, "parts_us": parts, "call_us": whole,
@@ -144,17 +167,31 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         config_dir = root / "config"
         token = streaming_config(config_dir)
         out = root / "marks.pickle"
-        daemon = ServerProcess("gatewayd", traced_argv(daemon_argv(config_dir, python=python), HOOK),
-                               env={**bench_env(python=python), OUT_ENV: str(out)}, cwd=config_dir)
-        url = await daemon.start()
-        try:
-            async with client_session(1) as http:
-                for name in args.targets:
-                    target = await call_target(name, http, url, token, daemon.pid)
-                    record["targets"][name] = summarise(await count(daemon, target, args.calls, out))
-        finally:
-            await daemon.stop()
+        servers = [name for name in args.targets if name != RELAY]
+        if servers:
+            daemon = ServerProcess("gatewayd", traced_argv(daemon_argv(config_dir, python=python),
+                                                           PROBE + GATEWAYD_WRAPS),
+                                   env={**bench_env(python=python), OUT_ENV: str(out)}, cwd=config_dir)
+            await _timed(daemon, servers, token, out, MARKS, args, record)
+        if RELAY in args.targets:
+            relay = ServerProcess("relay", traced_argv(floor_argv("bench.relay"), PROBE + RELAY_WRAPS),
+                                  env=bench_env({TOKEN_ENV: token, OUT_ENV: str(out)}))
+            await _timed(relay, [RELAY], token, out, RELAY_MARKS, args, record)
     return record
+
+
+async def _timed(server: ServerProcess, names: list[str], token: str, out: Path, marks: tuple[str, ...],
+                 args: argparse.Namespace, record: dict[str, Any]) -> None:
+    """Start `server`, time `args.calls` calls of each target `names` on it, stop it."""
+    url = await server.start()
+    try:
+        async with client_session(1) as http:
+            for name in names:
+                target = JsonTarget(name, http, url, token, server.pid) if name == RELAY else await call_target(
+                    name, http, url, token, server.pid)
+                record["targets"][name] = summarise(await count(server, target, args.calls, out), marks)
+    finally:
+        await server.stop()
 
 
 def report(record: dict[str, Any]) -> str:
