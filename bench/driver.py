@@ -1,7 +1,9 @@
 """The load driver and the call targets it drives.
 
 Owns: keeping N calls in flight for a fixed time and measuring them (`run_load`: calls/s,
-latency percentiles, CPU of the driver and of the server side), and one `Target` per way of
+latency percentiles, CPU of the driver and of the server side), starting calls at a fixed rate
+whatever their answers take (`run_paced`: what an ordinary client that is not trying to fill the
+machine sees), and one `Target` per way of
 calling echo — JSON over HTTP (the floor and gatewayd's direct `echo.echo`), MCP `tools/call`
 answered as SSE (with its session), and the calc child over its stdio pipe. Every HTTP client
 is aiohttp; every call has a deadline. The same driver measures every target, so the ratios
@@ -32,6 +34,8 @@ MAX_LINE_BYTES = 1024 * 1024
 CHILD_EXIT_DEADLINE = 5.0
 # First error messages kept per measurement.
 ERRORS_KEPT = 3
+# Calls a paced load lets be in flight at once before it counts the next one due as not made.
+PACED_MAX_IN_FLIGHT = 64
 MS = 1000.0
 US = 1_000_000.0
 
@@ -63,6 +67,8 @@ class LoadResult:
     driver_cpu_us_per_call: float
     server_cpu_us_per_call: float
     first_errors: list[str]
+    # Calls started a second (run_paced); None: as many as `concurrency` in flight allowed (run_load).
+    rate: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -75,6 +81,57 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
         return 0.0
     rank = max(1, round(fraction * len(sorted_values)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def run_paced(target: Target, rate: float, duration: float, warmup: float,
+                    max_in_flight: int = PACED_MAX_IN_FLIGHT) -> LoadResult:
+    """Start a call every 1/`rate` s for `warmup + duration` seconds, whether or not earlier ones have been answered,
+    at most `max_in_flight` at once (a call due beyond that is not made and counts as an error: the target fell
+    behind); measure the calls started after the warm-up, each from its start."""
+    start = time.perf_counter()
+    measure_from = start + warmup
+    stop_at = measure_from + duration
+    latencies: list[float] = []
+    errors: list[str] = []
+    error_count = 0
+    pids = target.server_pids()
+    marks: dict[str, float] = {}
+    in_flight: set[asyncio.Task[None]] = set()
+
+    def failed(measured: bool, message: str) -> None:
+        nonlocal error_count
+        if measured:
+            error_count += 1
+            if len(errors) < ERRORS_KEPT:
+                errors.append(message[:300])
+
+    async def one() -> None:
+        began = time.perf_counter()
+        try:
+            await target.call()
+        except (aiohttp.ClientError, wire.BadAnswer, TimeoutError, ValueError, OSError) as exc:
+            failed(began >= measure_from, f"{type(exc).__name__}: {exc}")
+            return
+        if began >= measure_from:
+            latencies.append(time.perf_counter() - began)
+
+    async with asyncio.TaskGroup() as group:
+        for n in itertools.count():
+            due = start + n / rate
+            if due >= stop_at:
+                break
+            # Pacing by the clock is what this driver is for: the next call is due then, answered or not.
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            if due >= measure_from and not marks:
+                marks["driver"] = time.process_time()
+                marks["server"] = cpu_seconds(pids)
+            if len(in_flight) >= max_in_flight:
+                failed(due >= measure_from, f"{max_in_flight} calls still in flight when the next was due")
+                continue
+            task = group.create_task(one())
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+    return _result(target, max_in_flight, latencies, (error_count, errors), measure_from, marks, pids, rate)
 
 
 async def run_load(target: Target, concurrency: int, duration: float, warmup: float) -> LoadResult:
@@ -109,6 +166,13 @@ async def run_load(target: Target, concurrency: int, duration: float, warmup: fl
                 latencies.append(time.perf_counter() - began)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return _result(target, concurrency, latencies, (error_count, errors), measure_from, marks, pids)
+
+
+def _result(target: Target, concurrency: int, latencies: list[float], errors: tuple[int, list[str]],
+            measure_from: float, marks: dict[str, float], pids: list[int], rate: float | None = None) -> LoadResult:
+    """A measurement from its latencies (seconds), its errors (how many, the first messages), when it began to count
+    (`measure_from`, and the driver's and the server's CPU then: `marks`, empty if nothing was measured)."""
     elapsed = time.perf_counter() - measure_from
     driver_cpu = time.process_time() - marks.get("driver", time.process_time())
     server_cpu = cpu_seconds(pids) - marks["server"] if marks else 0.0
@@ -118,14 +182,15 @@ async def run_load(target: Target, concurrency: int, duration: float, warmup: fl
         target=target.name,
         concurrency=concurrency,
         calls=calls,
-        errors=error_count,
+        errors=errors[0],
         seconds=elapsed,
         calls_per_s=calls / elapsed if elapsed > 0 else 0.0,
         p50_ms=statistics.median(latencies) * MS if latencies else 0.0,
         p99_ms=percentile(latencies, 0.99) * MS,
         driver_cpu_us_per_call=driver_cpu / calls * US if calls else 0.0,
         server_cpu_us_per_call=server_cpu / calls * US if calls else 0.0,
-        first_errors=errors,
+        first_errors=errors[1],
+        rate=rate,
     )
 
 
