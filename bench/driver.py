@@ -83,38 +83,88 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+class _Measure:
+    """What one load measures: the calls started from `measure_from` on, their latencies and errors, and the
+    driver's and the server side's CPU from the first of them."""
+
+    def __init__(self, target: Target, measure_from: float) -> None:
+        self.target = target
+        self.measure_from = measure_from
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.error_count = 0
+        self.pids = target.server_pids()
+        self.marks: dict[str, float] = {}
+
+    def starting(self, at: float) -> None:
+        """A call is about to start at `at`: the CPU counts begin with the first one measured."""
+        if at >= self.measure_from and not self.marks:
+            self.marks["driver"] = time.process_time()
+            self.marks["server"] = cpu_seconds(self.pids)
+
+    def failed(self, at: float, message: str) -> None:
+        """A call started at `at` failed (or was not made) with `message`."""
+        if at >= self.measure_from:
+            self.error_count += 1
+            if len(self.errors) < ERRORS_KEPT:
+                self.errors.append(message[:300])
+
+    async def call(self) -> None:
+        """One call of the target, timed from its start, its failure counted."""
+        began = time.perf_counter()
+        try:
+            await self.target.call()
+        except (aiohttp.ClientError, wire.BadAnswer, TimeoutError, ValueError, OSError) as exc:
+            self.failed(began, f"{type(exc).__name__}: {exc}")
+            return
+        if began >= self.measure_from:
+            self.latencies.append(time.perf_counter() - began)
+
+    def result(self, concurrency: int, rate: float | None = None) -> LoadResult:
+        elapsed = time.perf_counter() - self.measure_from
+        driver_cpu = time.process_time() - self.marks.get("driver", time.process_time())
+        server_cpu = cpu_seconds(self.pids) - self.marks["server"] if self.marks else 0.0
+        latencies = sorted(self.latencies)
+        calls = len(latencies)
+        return LoadResult(
+            target=self.target.name,
+            concurrency=concurrency,
+            calls=calls,
+            errors=self.error_count,
+            seconds=elapsed,
+            calls_per_s=calls / elapsed if elapsed > 0 else 0.0,
+            p50_ms=statistics.median(latencies) * MS if latencies else 0.0,
+            p99_ms=percentile(latencies, 0.99) * MS,
+            driver_cpu_us_per_call=driver_cpu / calls * US if calls else 0.0,
+            server_cpu_us_per_call=server_cpu / calls * US if calls else 0.0,
+            first_errors=self.errors,
+            rate=rate,
+        )
+
+
+async def run_load(target: Target, concurrency: int, duration: float, warmup: float) -> LoadResult:
+    """Keep `concurrency` calls in flight for `warmup + duration` seconds; measure calls started after the warm-up."""
+    measure = _Measure(target, time.perf_counter() + warmup)
+    stop_at = measure.measure_from + duration
+
+    async def worker() -> None:
+        while (began := time.perf_counter()) < stop_at:
+            measure.starting(began)
+            await measure.call()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return measure.result(concurrency)
+
+
 async def run_paced(target: Target, rate: float, duration: float, warmup: float,
                     max_in_flight: int = PACED_MAX_IN_FLIGHT) -> LoadResult:
     """Start a call every 1/`rate` s for `warmup + duration` seconds, whether or not earlier ones have been answered,
     at most `max_in_flight` at once (a call due beyond that is not made and counts as an error: the target fell
     behind); measure the calls started after the warm-up, each from its start."""
     start = time.perf_counter()
-    measure_from = start + warmup
-    stop_at = measure_from + duration
-    latencies: list[float] = []
-    errors: list[str] = []
-    error_count = 0
-    pids = target.server_pids()
-    marks: dict[str, float] = {}
+    measure = _Measure(target, start + warmup)
+    stop_at = measure.measure_from + duration
     in_flight: set[asyncio.Task[None]] = set()
-
-    def failed(measured: bool, message: str) -> None:
-        nonlocal error_count
-        if measured:
-            error_count += 1
-            if len(errors) < ERRORS_KEPT:
-                errors.append(message[:300])
-
-    async def one() -> None:
-        began = time.perf_counter()
-        try:
-            await target.call()
-        except (aiohttp.ClientError, wire.BadAnswer, TimeoutError, ValueError, OSError) as exc:
-            failed(began >= measure_from, f"{type(exc).__name__}: {exc}")
-            return
-        if began >= measure_from:
-            latencies.append(time.perf_counter() - began)
-
     async with asyncio.TaskGroup() as group:
         for n in itertools.count():
             due = start + n / rate
@@ -122,76 +172,14 @@ async def run_paced(target: Target, rate: float, duration: float, warmup: float,
                 break
             # Pacing by the clock is what this driver is for: the next call is due then, answered or not.
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            if due >= measure_from and not marks:
-                marks["driver"] = time.process_time()
-                marks["server"] = cpu_seconds(pids)
+            measure.starting(due)
             if len(in_flight) >= max_in_flight:
-                failed(due >= measure_from, f"{max_in_flight} calls still in flight when the next was due")
+                measure.failed(due, f"{max_in_flight} calls still in flight when the next was due")
                 continue
-            task = group.create_task(one())
+            task = group.create_task(measure.call())
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
-    return _result(target, max_in_flight, latencies, (error_count, errors), measure_from, marks, pids, rate)
-
-
-async def run_load(target: Target, concurrency: int, duration: float, warmup: float) -> LoadResult:
-    """Keep `concurrency` calls in flight for `warmup + duration` seconds; measure calls started after the warm-up."""
-    start = time.perf_counter()
-    measure_from = start + warmup
-    stop_at = measure_from + duration
-    latencies: list[float] = []
-    errors: list[str] = []
-    error_count = 0
-    pids = target.server_pids()
-    marks: dict[str, float] = {}
-
-    async def worker() -> None:
-        nonlocal error_count
-        while True:
-            began = time.perf_counter()
-            if began >= stop_at:
-                return
-            if began >= measure_from and not marks:
-                marks["driver"] = time.process_time()
-                marks["server"] = cpu_seconds(pids)
-            try:
-                await target.call()
-            except (aiohttp.ClientError, wire.BadAnswer, TimeoutError, ValueError, OSError) as exc:
-                if began >= measure_from:
-                    error_count += 1
-                    if len(errors) < ERRORS_KEPT:
-                        errors.append(f"{type(exc).__name__}: {exc}"[:300])
-                continue
-            if began >= measure_from:
-                latencies.append(time.perf_counter() - began)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return _result(target, concurrency, latencies, (error_count, errors), measure_from, marks, pids)
-
-
-def _result(target: Target, concurrency: int, latencies: list[float], errors: tuple[int, list[str]],
-            measure_from: float, marks: dict[str, float], pids: list[int], rate: float | None = None) -> LoadResult:
-    """A measurement from its latencies (seconds), its errors (how many, the first messages), when it began to count
-    (`measure_from`, and the driver's and the server's CPU then: `marks`, empty if nothing was measured)."""
-    elapsed = time.perf_counter() - measure_from
-    driver_cpu = time.process_time() - marks.get("driver", time.process_time())
-    server_cpu = cpu_seconds(pids) - marks["server"] if marks else 0.0
-    latencies.sort()
-    calls = len(latencies)
-    return LoadResult(
-        target=target.name,
-        concurrency=concurrency,
-        calls=calls,
-        errors=errors[0],
-        seconds=elapsed,
-        calls_per_s=calls / elapsed if elapsed > 0 else 0.0,
-        p50_ms=statistics.median(latencies) * MS if latencies else 0.0,
-        p99_ms=percentile(latencies, 0.99) * MS,
-        driver_cpu_us_per_call=driver_cpu / calls * US if calls else 0.0,
-        server_cpu_us_per_call=server_cpu / calls * US if calls else 0.0,
-        first_errors=errors[1],
-        rate=rate,
-    )
+    return measure.result(max_in_flight, rate)
 
 
 # -- HTTP targets ----------------------------------------------------------------------------
