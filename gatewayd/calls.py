@@ -20,6 +20,7 @@ from gatewayd import audit
 from gatewayd.policy import Principal
 from gatewayd.sessions import SESSION_ID_SHOWN, Session
 from gatewayd.upstream.api import Caller, Upstream
+from gatewayd.values import value
 
 # How a call reached the gateway, as the audit log names it.
 DIRECT = "direct"
@@ -66,7 +67,7 @@ class CallContext:
         return self.authority(self.principal.name)
 
 
-@dataclass(frozen=True)
+@value
 class Target:
     """A canonical call target: one tool server and one of its methods (for a `surface` target — a resource,
     prompt or completion route, surfaces.py — the method it is decided as, `resources/read` …, whose existence

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from gatewayd import jsontext
 from gatewayd.errors import GatewayError, InvalidRequest, ParseError, error_response
+from gatewayd.values import value
 
 JsonId = str | int | None
 Params = dict[str, Any] | list[Any] | None
@@ -27,7 +27,7 @@ MAX_ID_INT = 2**63
 MAX_METHOD_CHARS = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Request:
     """A call that expects an answer."""
 
@@ -36,7 +36,7 @@ class Request:
     params: Params
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Notification:
     """A call that never gets an answer, not even an error."""
 
@@ -44,7 +44,7 @@ class Notification:
     params: Params
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Response:
     """A client's answer to a request the gateway sent it (e.g. elicitation)."""
 
@@ -53,7 +53,7 @@ class Response:
     error: dict[str, Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Invalid:
     """An element that is not a valid message; answered with `error` and the id it carried, if any."""
 
@@ -64,7 +64,7 @@ class Invalid:
 Message = Request | Notification | Response | Invalid
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Body:
     """A parsed HTTP body: one message, or a batch of them."""
 

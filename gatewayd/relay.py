@@ -51,6 +51,7 @@ from gatewayd.calls import CallContext, request_key
 from gatewayd.errors import UpstreamError
 from gatewayd.jsonrpc import Response
 from gatewayd.records import Records
+from gatewayd.values import value
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +290,7 @@ class Relay:
                              params=params, seconds=seconds)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RelayCaller:
     """A call's caller, as its Delivery carries it (api.Caller): the relay and the call's context."""
 

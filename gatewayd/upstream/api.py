@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gatewayd.values import value
+
 # Receives the notifications a call's server sends about that call (progress, log lines).
 EventSink = Callable[[dict[str, Any]], None]
 
@@ -64,7 +66,7 @@ class SessionScope(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Delivery:
     """How one call is delivered: the client it is for (its share of the server's slots and queue is counted),
     where the server's notifications about it go, whether progress was asked for, and a check that raises when
