@@ -203,15 +203,11 @@ async def _answer_streamable(
     before that goes as plain JSON when the client accepts it (MCP lets the server choose; every client must read
     both): the smaller form for both sides, as the 2026-07-28 path answers too."""
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
-    stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines)
+    stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines,
+                            client=ctx.principal.name)
     ctx.emit = stream.emit
     plain = functools.partial(_json, session=ctx.session) if json_ok else None
-    response = await stream.answer(_answer(state.gateway, ctx, message), plain)
-    if stream.broken:
-        logger.info("client=%s SSE stream closed before the answer", ctx.principal.name)
-    if stream.dropped:
-        logger.warning("client=%s slow SSE reader: %d notifications dropped", ctx.principal.name, stream.dropped)
-    return response
+    return await stream.answer(_answer(state.gateway, ctx, message), plain)
 
 
 async def handle_get(request: web.Request) -> web.StreamResponse:

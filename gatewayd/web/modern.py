@@ -346,7 +346,7 @@ async def _answer_sse(request: web.Request, state: DaemonState, ctx: CallContext
                       envelope: modern.Envelope, resumed: Continuation | None = None) -> web.StreamResponse:
     """Answer as an event stream once the call has something to say early (progress, logs) or runs long; an answer
     ready before that is plain JSON, so that an error keeps its HTTP status."""
-    stream = sse.CallStream(request, {}, state.settings.sse_keepalive, state.deadlines)
+    stream = sse.CallStream(request, {}, state.settings.sse_keepalive, state.deadlines, client=ctx.principal.name)
     ctx.emit = _log_filter(stream.emit, envelope)
     return await stream.answer(_cancellable(state, ctx, message, envelope, resumed), _answered)
 

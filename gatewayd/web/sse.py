@@ -39,10 +39,13 @@ def whole(message: dict[str, Any], headers: dict[str, str]) -> web.StreamRespons
 
 
 class CallStream:
-    """The SSE answer to one call. Give `emit` to the call as its event sink, then `answer` with the call."""
+    """The SSE answer to one call. Give `emit` to the call as its event sink, then `answer` with the call; what the
+    client did not get (a stream closed early, notifications dropped) is logged under `client` at the end."""
 
-    def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines) -> None:
+    def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines, *,
+                 client: str) -> None:
         self._request = request
+        self._client = client
         # The caller's own headers; the SSE ones are added only when the answer is SSE (most calls end unopened,
         # and a client that takes JSON then gets JSON: mcp_http.py).
         self._headers = headers
@@ -61,7 +64,8 @@ class CallStream:
         # An event was written past the pump (`emit`) since it began to wait: its keep-alive is not due.
         self._spoke = False
         self.broken = False
-        self.dropped = 0
+        self.dropped = 0  # past QUEUE_LIMIT, for a reader that fell behind
+        self.unsendable = 0  # holding what JSON cannot carry on (a lone surrogate a child escaped as `\ud800`)
 
     def emit(self, message: dict[str, Any]) -> None:
         """Send a notification of the call: written at once on an open stream whose pump waits with nothing queued
@@ -72,7 +76,11 @@ class CallStream:
         if len(self._events) >= QUEUE_LIMIT:
             self.dropped += 1
             return
-        event = bodies.event(message)
+        try:
+            event = bodies.event(message)
+        except ValueError:  # UnicodeEncodeError among them: dropped whole rather than sent broken; the call goes on
+            self.unsendable += 1
+            return
         waiter, response = self._waiter, self._response
         if waiter is not None and not waiter.done() and not self._events and response is not None:
             try:
@@ -130,6 +138,13 @@ class CallStream:
         JSON, for a client that takes it) when nothing opened the stream first. A call that fails or is cancelled
         stops the stream without a response."""
         try:
+            return await self._answer(call, plain)
+        finally:
+            self._log_losses()
+
+    async def _answer(self, call: Awaitable[dict[str, Any]],
+                      plain: Callable[[dict[str, Any]], web.StreamResponse] | None) -> web.StreamResponse:
+        try:
             message = await call
         except BaseException:
             await self._abandon()
@@ -138,6 +153,16 @@ class CallStream:
             self._stop()
             return plain(message)
         return await self._finish(message)
+
+    def _log_losses(self) -> None:
+        """Say what the client was not sent."""
+        if self.broken:
+            logger.info("client=%s SSE stream closed before the answer", self._client)
+        if self.dropped:
+            logger.warning("client=%s slow SSE reader: %d notifications dropped", self._client, self.dropped)
+        if self.unsendable:
+            logger.warning("client=%s %d notifications not sent: not encodable as JSON text (a lone surrogate)",
+                           self._client, self.unsendable)
 
     def _stop(self) -> None:
         self._finished = True

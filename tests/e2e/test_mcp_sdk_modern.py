@@ -209,6 +209,21 @@ async def test_closing_the_response_stream_cancels_the_call(gateway: Gateway) ->
         await gateway.daemon.wait_log(r"client=agent closed the stream of tools/call: cancelled")
 
 
+async def test_a_notification_that_cannot_be_encoded_is_left_out_of_the_stream_and_said(gateway: Gateway) -> None:
+    # The child escaped a lone surrogate in one progress message (valid JSON with no UTF-8 form): the stream goes on
+    # without it, as in a 2025 session (tests/web/test_endpoint.py), and the daemon's log says what was left out.
+    body = request("tools/call", {"name": "fault__progress", "arguments": {"steps": 4, "unsendable": 2}},
+                   meta={**META, "progressToken": "odd"})
+    async with asyncio.timeout(TEST_DEADLINE), aiohttp.ClientSession() as http, \
+            http.post(gateway.url, data=json.dumps(body),
+                      headers=headers(gateway.agent, "tools/call", "fault__progress")) as response:
+        assert response.content_type == "text/event-stream"
+        messages = sse_messages(await response.text())
+    assert [m["params"]["progress"] for m in messages if m.get("method") == "notifications/progress"] == [1, 3, 4]
+    assert messages[-1]["id"] == 7 and messages[-1]["result"]["resultType"] == "complete"
+    await gateway.daemon.wait_log(r"client=agent 1 notifications not sent: not encodable as JSON text")
+
+
 # -- subscriptions/listen --------------------------------------------------------------------------
 
 

@@ -325,9 +325,26 @@ async def test_notifications_arriving_one_by_one_on_an_open_stream_all_arrive_in
     assert events[-1]["id"] == 10 and events[-1]["result"]["structuredContent"] == {"value": {"steps": SPACED_STEPS}}
 
 
+@pytest.mark.parametrize("interval", [0.0, SPACING], ids=["queued", "written-at-once"])
+async def test_a_notification_that_cannot_be_encoded_is_dropped_and_the_call_goes_on(
+        stack: Stack, caplog: Any, interval: float) -> None:
+    # A child may escape a lone surrogate (`\ud800`): valid JSON that has no UTF-8 form to send on. Bunched, the
+    # notifications wait for the stream's task; spaced, each is written as it is read: either way that one is left out.
+    caplog.set_level(logging.WARNING, logger="gatewayd.web.sse")
+    session = await stack.initialize()
+    params = {"name": "fault__progress", "arguments": {"steps": 5, "interval": interval, "unsendable": 3},
+              "_meta": {"progressToken": "odd"}}
+    response = await stack.post(call("tools/call", params, id=12), Accept=SSE, **{"Mcp-Session-Id": session})
+    assert response.content_type == "text/event-stream"
+    events = sse_events(await response.text())
+    assert [e["params"]["progress"] for e in events if e.get("method") == "notifications/progress"] == [1, 2, 4, 5]
+    assert events[-1]["id"] == 12 and events[-1]["result"]["structuredContent"] == {"value": {"steps": 5}}
+    await eventually(lambda: "1 notifications not sent: not encodable" in caplog.text, what="the drop was logged")
+
+
 async def test_a_client_that_stops_reading_its_stream_loses_notifications_past_the_queue_but_not_the_answer(
         stack: Stack, caplog: Any) -> None:
-    caplog.set_level(logging.WARNING, logger="gatewayd.web.mcp_http")
+    caplog.set_level(logging.WARNING, logger="gatewayd.web.sse")
     session = await stack.initialize()
     params = {"name": "fault__progress", "arguments": {"steps": FLOOD_STEPS, "pad": FLOOD_PAD},
               "_meta": {"progressToken": "slow"}}
