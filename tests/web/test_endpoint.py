@@ -483,7 +483,7 @@ async def test_a_quick_call_is_one_json_body_or_for_an_sse_only_client_the_whole
 
 
 async def test_a_dropped_sse_stream_does_not_stop_the_call_or_the_daemon(stack: Stack, caplog: Any) -> None:
-    caplog.set_level(logging.INFO, logger="gatewayd.web.mcp_http")
+    caplog.set_level(logging.INFO, logger="gatewayd.web.sse")
     session = await stack.initialize()
     params = {"name": "fault__sleep", "arguments": {"seconds": 0.5}}
     response = await stack.post(call("tools/call", params), Accept=SSE, **{"Mcp-Session-Id": session})
