@@ -138,21 +138,18 @@ class CallStream:
         JSON, for a client that takes it) when nothing opened the stream first. A call that fails or is cancelled
         stops the stream without a response."""
         try:
-            return await self._answer(call, plain)
+            try:
+                message = await call
+            except BaseException:
+                await self._abandon()
+                raise
+            if plain is not None and self._pump is None:
+                self._stop()
+                return plain(message)
+            return await self._finish(message)
         finally:
-            self._log_losses()
-
-    async def _answer(self, call: Awaitable[dict[str, Any]],
-                      plain: Callable[[dict[str, Any]], web.StreamResponse] | None) -> web.StreamResponse:
-        try:
-            message = await call
-        except BaseException:
-            await self._abandon()
-            raise
-        if plain is not None and self._pump is None:
-            self._stop()
-            return plain(message)
-        return await self._finish(message)
+            if self.broken or self.dropped or self.unsendable:
+                self._log_losses()
 
     def _log_losses(self) -> None:
         """Say what the client was not sent."""
