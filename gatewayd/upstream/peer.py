@@ -64,6 +64,22 @@ RequestHandler = Callable[[dict[str, Any]], dict[str, Any] | None]
 # its `result` or `error`: the top-level object for certain, so the id is the call's (`Peer.overlong`).
 _ANSWER_HEAD = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(\d+)'
                           rb'|"id"\s*:\s*(\d+)\s*,\s*"jsonrpc"\s*:\s*"2\.0")\s*,\s*"(?:result|error)"\s*:')
+# A response written the other way round: its `result` or `error` first (after `jsonrpc`, if that comes first) and
+# its `id` last. Only the top-level object's last member is followed by nothing but its closing brace, and a `"`
+# after `,` or `{` opens a key (one inside a string would be escaped), so that id is the call's too.
+_RESPONSE_HEAD = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"(?:result|error)"\s*:')
+_ID_TAIL = re.compile(rb'[{,]\s*"id"\s*:\s*(\d+)\s*\}\s*\Z')
+
+
+def answered_id(head: bytes, tail: bytes | None) -> int | None:
+    """The id of the call an overlong line answers, from its first bytes and (once it has ended) its last bytes, when
+    they tell it for certain; else None."""
+    match = _ANSWER_HEAD.match(head)
+    if match:
+        return int(match.group(1) or match.group(2))
+    if tail is not None and _RESPONSE_HEAD.match(head) and (match := _ID_TAIL.search(tail)):
+        return int(match.group(1))
+    return None
 
 
 @dataclass
@@ -431,11 +447,12 @@ class Peer:
             logger.warning("server=%s pid=%d message with neither method nor id dropped", self.tag,
                            self._process.pid)
 
-    def overlong(self, head: bytes) -> None:
-        """The child wrote a line over the limit (dropped, process.py): if its head says it answers a pending call,
-        that call fails now instead of at its timeout."""
-        match = _ANSWER_HEAD.match(head)
-        pending = self._pending.get(int(match.group(1) or match.group(2))) if match else None
+    def overlong(self, head: bytes, tail: bytes | None) -> None:
+        """The child wrote a line over the limit (dropped, process.py `Lines`): told as it crosses the limit (`tail`
+        None) and again once it ends. If its head, or its head and tail, say it answers a pending call, that call
+        fails now instead of at its timeout."""
+        call_id = answered_id(head, tail)
+        pending = self._pending.get(call_id) if call_id is not None else None
         if pending is None or pending.future.done():
             return
         pending.future.set_exception(unavailable(

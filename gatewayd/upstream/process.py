@@ -42,9 +42,10 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 # leaves the pipe as it was.
 LONG_LINE_BYTES = 64 * 1024
 CHILD_STDOUT_PIPE_BYTES = 1024 * 1024
-# How much of an overlong line is kept, to learn which call it answered (`Lines`): the `"jsonrpc"` and `"id"` members
-# come first in what JSON-RPC libraries write.
+# How much of an overlong line's start and end is kept, to learn which call it answered (`Lines`): the `"jsonrpc"`
+# and `"id"` members come first in what JSON-RPC libraries write; some write the `"id"` last.
 OVERLONG_HEAD_BYTES = 256
+OVERLONG_TAIL_BYTES = 256
 # Grace period for the child to exit on its own after its stdin closes.
 STDIN_CLOSE_GRACE = 2.0
 # Grace period after SIGTERM before the whole process group is killed.
@@ -169,7 +170,7 @@ class ChildProcess:
         self.cwd = cwd
         self._on_activity = on_activity
         self._on_exit = on_exit
-        self._on_overlong: Callable[[bytes], None] | None = None
+        self._on_overlong: Callable[[bytes, bytes | None], None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._stdin: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -192,9 +193,10 @@ class ChildProcess:
         return self._proc is not None and not self._exited.is_set() and not self._closing
 
     async def open(self, on_lines: Callable[[list[Line]], None],
-                   on_overlong: Callable[[bytes], None] | None = None) -> None:
+                   on_overlong: Callable[[bytes, bytes | None], None] | None = None) -> None:
         """Spawn the child in its own process group; its stdout goes to `on_lines`, whole lines as they arrive, and
-        the head of a line over MAX_LINE_BYTES to `on_overlong`. Raises ToolServerUnavailable if it cannot start."""
+        the head and tail of a line over MAX_LINE_BYTES to `on_overlong` (`Lines`). Raises ToolServerUnavailable if
+        it cannot start."""
         assert self._proc is None, "a child is opened once"
         loop = asyncio.get_running_loop()
         self._on_overlong = on_overlong
@@ -276,12 +278,13 @@ class ChildProcess:
 
     # -- output and exit -------------------------------------------------------------------
 
-    def _overlong_line(self, head: bytes) -> None:
-        self._activity()
-        logger.warning("server=%s pid=%d stdout line over %d bytes dropped: %.100r", self.tag, self.pid,
-                       MAX_LINE_BYTES, head)
+    def _overlong_line(self, head: bytes, tail: bytes | None) -> None:
+        if tail is None:  # said once a line, as it crosses the limit
+            self._activity()
+            logger.warning("server=%s pid=%d stdout line over %d bytes dropped: %.100r", self.tag, self.pid,
+                           MAX_LINE_BYTES, head)
         if self._on_overlong is not None:
-            self._on_overlong(head)
+            self._on_overlong(head, tail)
 
     def _activity(self) -> None:
         if self._on_activity is not None:
@@ -365,15 +368,20 @@ class ChildProcess:
 class Lines:
     """The child's stdout cut into lines as it arrives, for `on_lines`: no reader task and no stream buffer sit
     between a child's answer and the call waiting for it (in profiles of the loaded daemon they were a few percent
-    of a call). A line longer than MAX_LINE_BYTES is dropped up to its newline, and `on_overlong` told with its
-    first OVERLONG_HEAD_BYTES, where a StreamReader let the rest of it through as garbage lines; memory stays
-    bounded by that limit. A last line without a newline still counts at EOF."""
+    of a call). A line longer than MAX_LINE_BYTES is dropped up to its newline, where a StreamReader let the rest of
+    it through as garbage lines; memory stays bounded by that limit. `on_overlong` is told of such a line twice:
+    with its first OVERLONG_HEAD_BYTES and None as it crosses the limit (its end may be far off, or never come), then
+    with the same head and its last OVERLONG_TAIL_BYTES once its newline comes. A last line without a newline still
+    counts at EOF (an overlong one cut off by EOF is not told of again: the child is gone)."""
 
-    def __init__(self, on_lines: Callable[[list[Line]], None], on_overlong: Callable[[bytes], None]) -> None:
+    def __init__(self, on_lines: Callable[[list[Line]], None],
+                 on_overlong: Callable[[bytes, bytes | None], None]) -> None:
         self._on_lines = on_lines
         self._on_overlong = on_overlong
         self._partial = bytearray()  # the start of a line still waiting for its newline
         self._skipping = False  # inside an overlong line: drop until its newline
+        self._head = b""  # of the overlong line being dropped
+        self._tail = b""  # its last bytes so far
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def feed(self, data: bytes) -> None:
@@ -381,16 +389,19 @@ class Lines:
         if self._skipping:
             end = data.find(b"\n")
             if end < 0:
+                self._tail = (self._tail + data[-OVERLONG_TAIL_BYTES:])[-OVERLONG_TAIL_BYTES:]
                 return
-            self._skipping = False
+            self._skipped(data[:end])
             start = end + 1
         lines: list[Line] = []
         while (end := data.find(b"\n", start)) >= 0:
             if self._partial:
                 self._keep(data[start:end])
-                if not self._skipping:
+                if self._skipping:
+                    self._skipped(b"")
+                else:
                     lines.append(self._partial)
-                self._partial, self._skipping = bytearray(), False
+                self._partial = bytearray()
             else:
                 self._keep_whole(lines, data[start:end])
             start = end + 1
@@ -413,21 +424,32 @@ class Lines:
 
     def _keep_whole(self, lines: list[Line], line: bytes) -> None:
         if len(line) > MAX_LINE_BYTES:
-            self._on_overlong(line[:OVERLONG_HEAD_BYTES])
+            head = line[:OVERLONG_HEAD_BYTES]
+            self._on_overlong(head, None)
+            self._on_overlong(head, line[-OVERLONG_TAIL_BYTES:])
         else:
             lines.append(line)
 
     def _keep(self, chunk: bytes) -> None:
         if self._skipping:
+            self._tail = (self._tail + chunk[-OVERLONG_TAIL_BYTES:])[-OVERLONG_TAIL_BYTES:]
             return
         if len(self._partial) + len(chunk) > MAX_LINE_BYTES:
-            # The line's first bytes, whichever reads they came in: they say which call it answers.
+            # The line's first and last bytes, whichever reads they came in: they say which call it answers.
             kept = bytes(self._partial[:OVERLONG_HEAD_BYTES])
-            head = kept + chunk[:OVERLONG_HEAD_BYTES - len(kept)]
+            self._head = kept + chunk[:OVERLONG_HEAD_BYTES - len(kept)]
+            self._tail = (bytes(self._partial[-OVERLONG_TAIL_BYTES:]) + chunk[-OVERLONG_TAIL_BYTES:])[
+                -OVERLONG_TAIL_BYTES:]
             self._partial, self._skipping = bytearray(), True
-            self._on_overlong(head)
+            self._on_overlong(self._head, None)
         else:
             self._partial += chunk
+
+    def _skipped(self, last: bytes) -> None:
+        """The overlong line being dropped ends with `last`."""
+        tail = (self._tail + last[-OVERLONG_TAIL_BYTES:])[-OVERLONG_TAIL_BYTES:]
+        head, self._head, self._tail, self._skipping = self._head, b"", b"", False
+        self._on_overlong(head, tail)
 
 
 class _Stdout(asyncio.Protocol):
