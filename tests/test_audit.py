@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import re
 import stat
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gatewayd import audit as audit_module
 from gatewayd.audit import (
     FIELD_MAX_CHARS,
     REDACTED,
@@ -364,6 +367,26 @@ def test_params_hash_tells_values_apart() -> None:
     assert params_hash({"a": "1"}) != params_hash({"a": 1})
     assert params_hash(None) != params_hash({})
     assert params_hash("lone \ud800") != params_hash("lone \ud801")
+
+
+def _canonical_sha256(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@pytest.mark.parametrize("size", [100, audit_module.LARGE_HASH_BYTES + 1, 3 * audit_module.LARGE_HASH_BYTES])
+def test_params_hash_is_the_same_digest_on_both_sides_of_the_large_limit(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value = {"z": ["é\ud800\"\n" + "x" * size], "a": 1}  # a canonical form under the limit, then over it
+    assert params_hash(value) == _canonical_sha256(value)
+    # And where this Python has no OpenSSL: Python's own SHA-256.
+    audit_module._large_sha256.cache_clear()
+    monkeypatch.setitem(sys.modules, "_hashlib", None)
+    try:
+        assert params_hash(value) == _canonical_sha256(value)
+    finally:
+        audit_module._large_sha256.cache_clear()
 
 
 @pytest.mark.parametrize(
