@@ -112,10 +112,11 @@ class Call:
         if not self.method:
             self.method = self.name
 
-    def params_sha256(self) -> str:
-        """The arguments' hash, computed once: the decision record and an approval both carry it."""
+    def params_sha256(self, flat: bool = False) -> str:
+        """The arguments' hash, computed once: the decision record and an approval both carry it. `flat`: as for
+        audit.params_hash."""
         if self._params_sha256 is None:
-            self._params_sha256 = audit.params_hash(self.arguments)
+            self._params_sha256 = audit.params_hash(self.arguments, flat)
         return self._params_sha256
 
     def trace_context(self) -> dict[str, Any]:

@@ -108,7 +108,8 @@ class Records:
         if self.audit.enabled:
             if call.allowed is not None:
                 # The call's decision, folded in: one record for an ordinary call instead of two.
-                fields.update(call.allowed, params_sha256=call.params_sha256(), params=audit.summarize(call.arguments))
+                summary = audit.summarize(call.arguments)
+                fields.update(call.allowed, params_sha256=call.params_sha256(summary is call.arguments), params=summary)
                 call.allowed = None
             self.audit.queue(call.record("outcome", status=status, duration_ms=round(seconds * 1000, 3), **fields))
 

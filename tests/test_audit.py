@@ -389,6 +389,24 @@ def test_params_hash_is_the_same_digest_on_both_sides_of_the_large_limit(
         audit_module._large_sha256.cache_clear()
 
 
+def test_params_hash_of_large_arguments_is_their_canonical_json_s_digest() -> None:
+    big = audit_module.LARGE_HASH_BYTES * 5  # past jsontext.LARGE_STRING too: made from the string's bytes
+    escaped = "é\ud800\"\\\n\t" * 10
+    values: list[Any] = [
+        {"content": "x" * big},
+        {"z": {"b": ["y" * big, 1.5, float("nan"), None, True], "a": {"q": escaped * 3}}, "a": [2, {"k": "v"}]},
+        ["w" * big + escaped, escaped + "w" * big, -7, 10**30],
+        {"numbered": {2: "a", 1: "b" * big}},  # keys that are no strings: that part encoded whole, as before
+        {"text": "v" * big, "tags": ["t"] * 70},  # the look's budget spent before the large string: whole
+        "s" * big,
+    ]
+    for value in values:
+        assert params_hash(value) == _canonical_sha256(value)
+    # A caller that knows the arguments are flat (summarize(params) is params) skips the look: same digest.
+    flat = {"a": 1, "b": "short"}
+    assert params_hash(flat, True) == params_hash(flat) == _canonical_sha256(flat)
+
+
 @pytest.mark.parametrize(
     "key",
     ["password", "PASSWORD", "db_passwd", "token", "access_token", "refreshToken", "client_secret", "api_key",

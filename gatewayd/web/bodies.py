@@ -18,24 +18,20 @@ from typing import Any, Final
 from aiohttp import payload, web
 from aiohttp.abc import AbstractStreamWriter
 
-from gatewayd import jsonrpc
+from gatewayd import jsonrpc, jsontext
 from gatewayd.web import aiohttp_hooks
 
-# A string value longer than this (in characters) makes its answer written in slices.
-LARGE_STRING: Final = 256 * 1024
+# A string value longer than this (in characters) makes its answer written in slices (jsontext.py).
+LARGE_STRING: Final = jsontext.LARGE_STRING
 # Characters of such a string escaped, encoded and handed to the writer at a time.
 LARGE_SLICE: Final = 256 * 1024
-# How much of an answer is looked through for such a string before it is encoded (values, and levels of nesting):
-# enough for any result's text or blob, little enough that the look costs a small answer about a microsecond.
-SCAN_VALUES: Final = 64
-SCAN_DEPTH: Final = 6
+# How much of an answer is looked through for such a string before it is encoded (jsontext.py).
+SCAN_VALUES: Final = jsontext.SCAN_VALUES
 SSE_HEAD: Final = b"event: message\ndata: "
 SSE_TAIL: Final = b"\n\n"
 
 _escape = _std.encode_basestring
-# Each byte JSON escapes in a string (a control character, a quote, a backslash) maps to 0, every other byte to 1.
-# Only ASCII is ever escaped (ensure_ascii is off), and in UTF-8 no byte of a longer character is ASCII.
-_UNESCAPED: Final = bytes(0 if byte < 0x20 or byte in b'"\\' else 1 for byte in range(256))
+_carries_large_string = jsontext.carries_large_string
 
 
 def event(message: dict[str, Any]) -> bytes:
@@ -77,34 +73,6 @@ async def write_event(response: web.StreamResponse, message: dict[str, Any]) -> 
     await response.write(SSE_TAIL)
 
 
-def _carries_large_string(value: Any) -> bool:
-    """Whether a string longer than LARGE_STRING is among the first SCAN_VALUES values of `value`, within
-    SCAN_DEPTH levels."""
-    return type(value) in (dict, list) and _scan(value, SCAN_DEPTH, SCAN_VALUES) == _FOUND
-
-
-# What `_scan` returns when it found a large string; otherwise the values left to look at (0: it looked enough).
-_FOUND: Final = -1
-
-
-def _scan(container: dict[Any, Any] | list[Any], depth: int, budget: int) -> int:
-    # On every answer: plain loops and type identity, about a microsecond for a tool call's result. Identity also
-    # passes over jsonrpc.Encoded (a kept listing, a dict subclass): its text is made once already, not here.
-    for item in container.values() if type(container) is dict else container:
-        budget -= 1
-        if budget <= 0:
-            return 0
-        kind = type(item)
-        if kind is str:
-            if len(item) > LARGE_STRING:
-                return _FOUND
-        elif depth and (kind is dict or kind is list):
-            budget = _scan(item, depth - 1, budget)
-            if budget <= 0:
-                return budget
-    return budget
-
-
 def _encoded(value: Any) -> Iterator[bytes]:
     """The UTF-8 JSON text of `value`, in parts of at most about LARGE_SLICE bytes, each made as it is taken."""
     pending: list[bytes] = []
@@ -126,7 +94,7 @@ def _parts(value: Any) -> Iterator[bytes]:
         yield b'"'
         for start in range(0, len(value), LARGE_SLICE):
             # Escaping never joins characters across a cut: each slice's escape is that slice's part of the whole.
-            yield _string_slice(value[start:start + LARGE_SLICE])
+            yield jsontext.string_text(value[start:start + LARGE_SLICE])
         yield b'"'
     elif isinstance(value, dict) and _carries_large_string(value):
         yield b"{"
@@ -143,16 +111,6 @@ def _parts(value: Any) -> Iterator[bytes]:
         yield b"]"
     else:
         yield jsonrpc.dumps(value)
-
-
-def _string_slice(text: str) -> bytes:
-    """A piece of a string's JSON text, without quotes, in UTF-8. A large result's text rarely holds anything JSON
-    escapes: that is found on its UTF-8 bytes with one table look-up a byte, ~3× cheaper than escaping it a
-    character at a time (bench.scale's payload: ~9 of the daemon's ~40 ms for 10 MiB)."""
-    raw = text.encode("utf-8")
-    if raw.translate(_UNESCAPED).find(0) < 0:
-        return raw
-    return _escape(text)[1:-1].encode("utf-8")
 
 
 def _key(key: Any) -> str:
