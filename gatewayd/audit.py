@@ -75,7 +75,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,7 +148,6 @@ _HUGE_INT = 10**FIELD_MAX_CHARS
 
 # The canonical form params_hash hashes.
 _CANONICAL = jsontext.encoder(sort_keys=True, default=str)
-_escape = json.encoder.encode_basestring
 # A canonical form longer than this is hashed by OpenSSL's SHA-256, loaded when first needed: lean_import.py keeps
 # libcrypto out of a start (3.6 MB of an idle daemon), and Python's own SHA-256, as fast for a call's usual few
 # hundred bytes, is ~5× slower over large input (3–4 ms a MiB against 0.6–0.8), on the event loop.
@@ -168,40 +167,18 @@ def params_hash(params: Any, flat: bool = False) -> str:
         # A large argument's text is made a part at a time, its large strings from their bytes (jsontext.py): the
         # per-character escaper takes ~5 ms a MiB on the event loop.
         digest = _large_sha256()()
-        for part in _canonical_parts(params):
+        for part in jsontext.parts(params, _canonical_bytes, sort_keys=True, errors="surrogatepass"):
             digest.update(part)
         return str(digest.hexdigest())
     # A lone surrogate (legal in a JSON string escape) must hash, not raise.
-    canonical = _CANONICAL(params).encode("utf-8", "surrogatepass")
+    canonical = _canonical_bytes(params)
     if len(canonical) > LARGE_HASH_BYTES:
         return str(_large_sha256()(canonical).hexdigest())
     return hashlib.sha256(canonical).hexdigest()
 
 
-def _canonical_parts(value: Any) -> Iterator[bytes]:
-    """The canonical form's UTF-8 text in parts: containers holding a large string walked, each large string's text
-    made from its bytes, everything else (a key that is not a string among them) encoded whole by _CANONICAL."""
-    kind = type(value)
-    if kind is str and len(value) > jsontext.LARGE_STRING:
-        yield b'"'
-        yield jsontext.string_text(value, "surrogatepass")
-        yield b'"'
-    elif kind is dict and jsontext.carries_large_string(value) and all(type(key) is str for key in value):
-        yield b"{"
-        # The canonical encoder sorts (key, value) pairs; keys are unique, so this is its order.
-        for index, key in enumerate(sorted(value)):
-            yield (("," if index else "") + _escape(key) + ":").encode("utf-8", "surrogatepass")
-            yield from _canonical_parts(value[key])
-        yield b"}"
-    elif kind is list and jsontext.carries_large_string(value):
-        yield b"["
-        for index, item in enumerate(value):
-            if index:
-                yield b","
-            yield from _canonical_parts(item)
-        yield b"]"
-    else:
-        yield _CANONICAL(value).encode("utf-8", "surrogatepass")
+def _canonical_bytes(value: Any) -> bytes:
+    return _CANONICAL(value).encode("utf-8", "surrogatepass")
 
 
 @functools.cache

@@ -18,7 +18,7 @@ holding one in slices; audit.py hashes arguments holding one without the escaper
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from json import encoder as _std
 from typing import Any, Final
 
@@ -128,3 +128,32 @@ def string_text(text: str, errors: str = "strict") -> bytes:
     if raw.translate(_UNESCAPED).find(0) < 0:
         return raw
     return _escape(text)[1:-1].encode("utf-8", errors)
+
+
+def parts(value: Any, whole: Callable[[Any], bytes], *, sort_keys: bool = False, errors: str = "strict",
+          slice_chars: int = LARGE_STRING) -> Iterator[bytes]:
+    """The UTF-8 JSON text of `value` in parts, as `whole` (an encoder of these options) would make it at once:
+    containers holding a large string walked (keys sorted with `sort_keys`, as the encoders sort unique keys), each
+    large string's text made from its bytes `slice_chars` characters at a time (escaping never joins characters
+    across a cut), everything else whole — a container with a key that is not a string too."""
+    kind = type(value)
+    if kind is str and len(value) > LARGE_STRING:
+        yield b'"'
+        for start in range(0, len(value), slice_chars):
+            yield string_text(value[start:start + slice_chars], errors)
+        yield b'"'
+    elif kind is dict and carries_large_string(value) and all(type(key) is str for key in value):
+        yield b"{"
+        for index, key in enumerate(sorted(value) if sort_keys else value):
+            yield (("," if index else "") + _escape(key) + ":").encode("utf-8", errors)
+            yield from parts(value[key], whole, sort_keys=sort_keys, errors=errors, slice_chars=slice_chars)
+        yield b"}"
+    elif kind is list and carries_large_string(value):
+        yield b"["
+        for index, item in enumerate(value):
+            if index:
+                yield b","
+            yield from parts(item, whole, sort_keys=sort_keys, errors=errors, slice_chars=slice_chars)
+        yield b"]"
+    else:
+        yield whole(value)

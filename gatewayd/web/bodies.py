@@ -5,14 +5,13 @@ escaped JSON text, the answer's joined text, its UTF-8 bytes, and for an SSE eve
 event's framing. An answer that carries a string longer than LARGE_STRING near its top (a tool's text, a resource's
 blob: where large results put it) is instead written as it is encoded, that string LARGE_SLICE characters at a time,
 each slice escaped and encoded just before it is written and the writer draining between them: the value and a
-slice, however large the result. Owns that choice and the writing; does not own what an answer says (jsonrpc.py) or
-the SSE stream of a call (sse.py).
+slice, however large the result. Owns that choice and the writing; does not own the parts' text (jsontext.py), what
+an answer says (jsonrpc.py) or the SSE stream of a call (sse.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from json import encoder as _std
 from typing import Any, Final
 
 from aiohttp import payload, web
@@ -30,7 +29,6 @@ SCAN_VALUES: Final = jsontext.SCAN_VALUES
 SSE_HEAD: Final = b"event: message\ndata: "
 SSE_TAIL: Final = b"\n\n"
 
-_escape = _std.encode_basestring
 _carries_large_string = jsontext.carries_large_string
 
 
@@ -88,36 +86,9 @@ def _encoded(value: Any) -> Iterator[bytes]:
 
 
 def _parts(value: Any) -> Iterator[bytes]:
-    """The UTF-8 JSON text of `value` in pieces: containers walked, large strings a slice at a time, everything else
-    encoded whole (as jsonrpc.dumps would: NaN and Infinity raise ValueError)."""
-    if isinstance(value, str) and len(value) > LARGE_STRING:
-        yield b'"'
-        for start in range(0, len(value), LARGE_SLICE):
-            # Escaping never joins characters across a cut: each slice's escape is that slice's part of the whole.
-            yield jsontext.string_text(value[start:start + LARGE_SLICE])
-        yield b'"'
-    elif isinstance(value, dict) and _carries_large_string(value):
-        yield b"{"
-        for index, (key, item) in enumerate(value.items()):
-            yield (("," if index else "") + _key(key) + ":").encode("utf-8")
-            yield from _parts(item)
-        yield b"}"
-    elif isinstance(value, list) and _carries_large_string(value):
-        yield b"["
-        for index, item in enumerate(value):
-            if index:
-                yield b","
-            yield from _parts(item)
-        yield b"]"
-    else:
-        yield jsonrpc.dumps(value)
-
-
-def _key(key: Any) -> str:
-    """An object key as JSON writes it: a string, or a number, boolean or null as its text in quotes."""
-    if isinstance(key, str):
-        return _escape(key)
-    return _escape(jsonrpc.dumps_text(key))
+    """The UTF-8 JSON text of `value` in pieces, large strings a slice at a time (as jsonrpc.dumps would write it: NaN
+    and Infinity raise ValueError)."""
+    return jsontext.parts(value, jsonrpc.dumps, slice_chars=LARGE_SLICE)
 
 
 class _Streamed(payload.Payload):
