@@ -2,11 +2,11 @@
 
 Encoding an answer the plain way holds a large tool result several times over at once: the parsed value, its
 escaped JSON text, the answer's joined text, its UTF-8 bytes, and for an SSE event those bytes again inside the
-event's framing. An answer that carries a string longer than LARGE_STRING near its top (a tool's text, a resource's
-blob: where large results put it) is instead written as it is encoded, that string LARGE_SLICE characters at a time,
-each slice escaped and encoded just before it is written and the writer draining between them: the value and a
-slice, however large the result. Owns that choice and the writing; does not own the parts' text (jsontext.py), what
-an answer says (jsonrpc.py) or the SSE stream of a call (sse.py).
+event's framing. An answer that carries a string longer than jsontext.LARGE_STRING near its top (a tool's text, a
+resource's blob: where large results put it) is instead written as it is encoded, that string LARGE_SLICE
+characters at a time, each slice escaped and encoded just before it is written and the writer draining between
+them: the value and a slice, however large the result. Owns that choice and the writing; does not own the parts'
+text (jsontext.py), what an answer says (jsonrpc.py) or the SSE stream of a call (sse.py).
 """
 
 from __future__ import annotations
@@ -20,16 +20,10 @@ from aiohttp.abc import AbstractStreamWriter
 from gatewayd import jsonrpc, jsontext
 from gatewayd.web import aiohttp_hooks
 
-# A string value longer than this (in characters) makes its answer written in slices (jsontext.py).
-LARGE_STRING: Final = jsontext.LARGE_STRING
-# Characters of such a string escaped, encoded and handed to the writer at a time.
+# Characters of a large string (jsontext.LARGE_STRING) escaped, encoded and handed to the writer at a time.
 LARGE_SLICE: Final = 256 * 1024
-# How much of an answer is looked through for such a string before it is encoded (jsontext.py).
-SCAN_VALUES: Final = jsontext.SCAN_VALUES
 SSE_HEAD: Final = b"event: message\ndata: "
 SSE_TAIL: Final = b"\n\n"
-
-_carries_large_string = jsontext.carries_large_string
 
 
 def event(message: dict[str, Any]) -> bytes:
@@ -39,7 +33,7 @@ def event(message: dict[str, Any]) -> bytes:
 
 def json_body(message: Any) -> bytes | payload.Payload:
     """An answer as the body of an `application/json` response."""
-    if not _carries_large_string(message):
+    if not jsontext.carries_large_string(message):
         return jsonrpc.dumps(message)
     return _Streamed(message, b"", b"")
 
@@ -55,14 +49,14 @@ def response(body: bytes | payload.Payload, *, content_type: str, status: int = 
 
 def sse_body(message: dict[str, Any]) -> bytes | payload.Payload:
     """An answer as one SSE event, the body of a stream that carries nothing else."""
-    if not _carries_large_string(message):
+    if not jsontext.carries_large_string(message):
         return event(message)
     return _Streamed(message, SSE_HEAD, SSE_TAIL)
 
 
 async def write_event(response: web.StreamResponse, message: dict[str, Any]) -> None:
     """Write one SSE event carrying `message` on an open stream, in slices if it carries a large string."""
-    if not _carries_large_string(message):
+    if not jsontext.carries_large_string(message):
         await response.write(event(message))
         return
     await response.write(SSE_HEAD)

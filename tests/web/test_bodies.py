@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gatewayd import jsonrpc
+from gatewayd import jsonrpc, jsontext
 from gatewayd.web import bodies
 from tests.daemon import FAULTSRV, headers, python_command, write_config
 from tests.stack import LocalClient, running_stack
@@ -24,7 +24,7 @@ MIXED = 'ab"\\\n\t\x01é\u2028€\U0001f600<'
 # Characters of every UTF-8 length that JSON leaves as they are (DEL and U+2028 included): a slice of these is
 # written as its UTF-8 bytes without escaping.
 PLAIN = "aé\u2028€\U0001f600\x7f<"
-BIG = bodies.LARGE_STRING + 1
+BIG = jsontext.LARGE_STRING + 1
 HUGE_ANSWER = 3 * 1024 * 1024 + 17
 
 
@@ -36,7 +36,7 @@ def written(message: Any) -> bytes:
     return b"".join(bodies._encoded(message))
 
 
-@pytest.mark.parametrize("size", [bodies.LARGE_STRING, BIG, 2 * bodies.LARGE_SLICE + 3])
+@pytest.mark.parametrize("size", [jsontext.LARGE_STRING, BIG, 2 * bodies.LARGE_SLICE + 3])
 def test_a_sliced_answer_is_the_plain_encoding(size: int) -> None:
     text = text_of(size)
     for message in (
@@ -46,7 +46,7 @@ def test_a_sliced_answer_is_the_plain_encoding(size: int) -> None:
         {"jsonrpc": "2.0", "id": "s", "result": text},
     ):
         assert written(message) == jsonrpc.dumps(message)
-        assert bodies._carries_large_string(message) is (size > bodies.LARGE_STRING)
+        assert jsontext.carries_large_string(message) is (size > jsontext.LARGE_STRING)
 
 
 @pytest.mark.parametrize("where", [0, bodies.LARGE_SLICE - 1, bodies.LARGE_SLICE, 2 * bodies.LARGE_SLICE + 2])
@@ -67,13 +67,13 @@ def test_a_lone_surrogate_in_a_large_string_is_refused_as_the_plain_encoding_ref
 
 
 def test_small_answers_are_one_bytes_object_and_large_ones_a_stream() -> None:
-    small = {"jsonrpc": "2.0", "id": 1, "result": {"text": "x" * bodies.LARGE_STRING}}
+    small = {"jsonrpc": "2.0", "id": 1, "result": {"text": "x" * jsontext.LARGE_STRING}}
     assert bodies.json_body(small) == jsonrpc.dumps(small)
     assert bodies.sse_body(small) == bodies.SSE_HEAD + jsonrpc.dumps(small) + bodies.SSE_TAIL
     large = {"jsonrpc": "2.0", "id": 1, "result": {"text": "x" * BIG}}
     assert not isinstance(bodies.json_body(large), bytes)
     # A large string past what is looked through is encoded whole: the same text, the plain way.
-    buried = {"jsonrpc": "2.0", "id": 1, "result": [list(range(bodies.SCAN_VALUES)), "x" * BIG]}
+    buried = {"jsonrpc": "2.0", "id": 1, "result": [list(range(jsontext.SCAN_VALUES)), "x" * BIG]}
     assert bodies.json_body(buried) == jsonrpc.dumps(buried)
 
 
