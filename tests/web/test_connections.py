@@ -83,10 +83,20 @@ def warnings(caplog: Any, text: str) -> list[logging.LogRecord]:
     return [record for record in caplog.records if record.levelno == logging.WARNING and text in record.getMessage()]
 
 
-async def old_enough_to_evict(opened: float) -> None:
-    """Until connections the server admitted after `opened` (event-loop time) may be closed to make room."""
+async def old_enough_to_evict(admitted: float) -> None:
+    """Until connections the server admitted by `admitted` (event-loop time) may be closed to make room."""
     loop = asyncio.get_running_loop()
-    await eventually(lambda: loop.time() > opened + EVICTION_GRACE, DEADLINE, "the eviction grace over")
+    await eventually(lambda: loop.time() > admitted + EVICTION_GRACE, DEADLINE, "the eviction grace over")
+
+
+async def admitted_and_old_enough(server: LimitedServer, unauthenticated: int) -> None:
+    """Until the server counts `unauthenticated` connections and each may be closed to make room.
+
+    A socket's connect returns once the kernel has it; the server admits it (and starts its wait) when its own loop
+    gets there, which on a loaded machine is later than the client's clock says.
+    """
+    await eventually(lambda: server.unauthenticated_connections == unauthenticated, DEADLINE, "all admitted")
+    await old_enough_to_evict(asyncio.get_running_loop().time())
 
 
 # -- the unauthenticated share and its idle deadline -------------------------------------------------
@@ -127,7 +137,7 @@ async def test_idle_sockets_past_the_share_cannot_lock_out_a_client_with_a_token
         assert await share.call_on(*client) == 200
     opened = loop.time()
     idle = await open_many(share, SHARE)
-    await old_enough_to_evict(opened)
+    await admitted_and_old_enough(share.server, SHARE)
     idle += await open_many(share, BEYOND)
     # The longest-waiting ones made room for the newest: closed without a word (they had sent nothing).
     for connection in idle[:BEYOND]:
@@ -178,12 +188,10 @@ async def test_an_unauthenticated_connection_is_closed_when_idle_after_its_respo
 
 async def test_trickling_sockets_are_evicted_too_and_told_503(share: Served) -> None:
     # Slow-loris sockets sending their headers byte by byte must not hold the share either.
-    opened = asyncio.get_running_loop().time()
     trickling = await open_many(share, SHARE)
     for _, writer in trickling:
         writer.write(share.request_head("GET", "/healthz")[:10])
-    await eventually(lambda: share.server.unauthenticated_connections == SHARE, DEADLINE, "all admitted")
-    await old_enough_to_evict(opened)
+    await admitted_and_old_enough(share.server, SHARE)
     newcomer = await share.connect()
     refused = await closed_by_server(trickling[0])
     assert status_of(refused) == 503 and b"Retry-After: 1" in refused
@@ -226,10 +234,12 @@ async def test_at_the_connection_cap_newcomers_take_an_idle_sockets_place_and_it
         for connection in clients:
             assert await few.call_on(*connection) == 200
     idle = [await few.connect()]
+    await admitted_and_old_enough(few.server, 1)
     for _ in range(3):
-        await old_enough_to_evict(asyncio.get_running_loop().time())
         idle.append(await few.connect())
+        # Closed when the newcomer was admitted: from here on the newcomer waits.
         assert await closed_by_server(idle[-2]) == b""
+        await old_enough_to_evict(asyncio.get_running_loop().time())
     assert len(warnings(caplog, "each new one closes")) == 1
     close_all([*clients, *idle])
 
