@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -66,10 +67,11 @@ Message = Request | Notification | Response | Invalid
 
 @value
 class Body:
-    """A parsed HTTP body: one message, or a batch of them."""
+    """A parsed HTTP body: one message, or a batch of them, and its size in bytes."""
 
     messages: list[Message]
     is_batch: bool
+    size: int = 0
 
 
 class _DuplicateKey(ValueError):
@@ -97,6 +99,9 @@ def _finite(text: str) -> float:
 
 
 _decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite)
+# The escape a lone surrogate needs (`\uD800`-`\uDFFF`); found ~4× sooner in a large body by the regular expression
+# engine than by two substring searches (1.6 ms a MiB here, each pass holding the event loop's interpreter).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _decode = jsontext.decoding(_decoder)
 
 
@@ -145,9 +150,11 @@ def loads(data: bytes | str) -> Any:
 
 def parse_body(data: bytes, *, max_depth: int, max_batch: int, max_objects: int | None = None) -> Body:
     """Parse an HTTP body into messages. Raises ParseError or InvalidRequest for the body as a whole."""
+    # Counted once, at C speed, strings included: ~0.4 ms a MiB each.
+    braces = data.count(b"{")
     try:
-        # Fewer opening braces than the limit (counted at C speed, strings included) cannot be too many objects.
-        if max_objects is not None and data.count(b"{") > max_objects:
+        # Fewer opening braces than the limit cannot be too many objects.
+        if max_objects is not None and braces > max_objects:
             value = _counting_decoder(max_objects).decode(data.decode("utf-8"))
         else:
             value = loads(data)
@@ -160,18 +167,18 @@ def parse_body(data: bytes, *, max_depth: int, max_batch: int, max_objects: int 
     except (ValueError, UnicodeDecodeError) as exc:
         raise ParseError("Parse error") from exc
     # Nesting needs an opening bracket per level: a body with few of them cannot be too deep.
-    if data.count(b"[") + data.count(b"{") > max_depth and _depth_exceeds(value, max_depth):
+    if (braces > max_depth or braces + data.count(b"[") > max_depth) and _depth_exceeds(value, max_depth):
         raise InvalidRequest(f"Invalid Request: JSON nested deeper than {max_depth}")
     # A lone surrogate can only come from a `\uD8xx` escape; it has no UTF-8 form to send on.
-    if (b"\\ud" in data or b"\\uD" in data) and not _encodable(value):
+    if _SURROGATE_ESCAPE.search(data) is not None and not _encodable(value):
         raise ParseError("Parse error")
     if isinstance(value, list):
         if not value:
             raise InvalidRequest("Invalid Request: empty batch")
         if len(value) > max_batch:
             raise InvalidRequest(f"Invalid Request: batch longer than {max_batch}")
-        return Body([parse_message(item) for item in value], is_batch=True)
-    return Body([parse_message(value)], is_batch=False)
+        return Body([parse_message(item) for item in value], True, len(data))
+    return Body([parse_message(value)], False, len(data))
 
 
 def _encodable(value: Any) -> bool:

@@ -78,9 +78,13 @@ def test_depth_limit_is_crossed_exactly() -> None:
     def nested(depth: int) -> bytes:
         return b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
 
-    assert isinstance(one(nested(LIMITS["max_depth"])), Request)
-    with pytest.raises(InvalidRequest, match="nested deeper"):
-        parse_body(nested(LIMITS["max_depth"] + 1), **LIMITS)
+    def objects(depth: int) -> bytes:
+        return b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":' + b'{"a":' * (depth - 2) + b"{}" + b"}" * (depth - 1)
+
+    for made in (nested, objects):
+        assert isinstance(one(made(LIMITS["max_depth"])), Request)
+        with pytest.raises(InvalidRequest, match="nested deeper"):
+            parse_body(made(LIMITS["max_depth"] + 1), **LIMITS)
 
 
 def test_pathologically_deep_json_is_refused_not_crashed() -> None:
@@ -113,6 +117,8 @@ def test_dumps_is_one_line_even_for_multiline_strings() -> None:
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"x":-1.5e309}}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\ud800"]}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":{"\\uDFFF":1}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["ok \\\\ \\udBfF"]}',
+        b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["' + b"x" * 1_000_000 + b'\\uDa00"]}',
         b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":[' + b"9" * 100_000 + b"]}",
         b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"a.b"}',
     ],
@@ -153,6 +159,8 @@ def test_large_finite_numbers_are_kept_and_nothing_encodes_to_infinity() -> None
 def test_a_surrogate_pair_is_a_character_not_an_error() -> None:
     message = one(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\ud83d\\ude00"]}')
     assert message == Request(1, "a.b", ["\U0001f600"])
+    # An escaped backslash before `ud800` is a backslash and text, not a surrogate.
+    assert one(b'{"jsonrpc":"2.0","id":1,"method":"a.b","params":["\\\\ud800"]}') == Request(1, "a.b", ["\\ud800"])
 
 
 LISTING = {"tools": [{"name": "a__one", "description": "é \u2028 \"q\"", "inputSchema": {"type": "object"}},
