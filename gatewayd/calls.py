@@ -58,6 +58,9 @@ class CallContext:
     # Told the call and its "still allowed?" check once it is decided (None: nobody asks again): a modern call that
     # outlives its request (continuations.py) is decided again on each retry that resumes it.
     on_decided: Callable[[Call, Callable[[], None] | None], None] | None = None
+    # Its request's body is over jsontext.LARGE_STRING bytes, so its arguments may hold a string that long: only then
+    # are they looked through for one (forwarding.py). A shorter body cannot hold one.
+    large: bool = False
 
     def current_principal(self) -> Principal | None:
         """The client's principal in the config generation current now (a reload may have changed or removed it

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gatewayd import jsontext
 from gatewayd.calls import TOOLS_CALL, Call, CallContext, Target
 from gatewayd.errors import CallTimedOut
 from gatewayd.relay import Relay
@@ -49,7 +50,8 @@ async def forward(call: Call, target: Target, still_allowed: Callable[[], None] 
                         trace=call.trace_context, task=_task(call), session=ctx.session, owner=owner, host=host,
                         # A modern caller's retry brings its answers (modern.Asker); what any caller can be asked is
                         # read from it only for a modern child (dialects.py).
-                        resume=getattr(caller, "resume", None))
+                        resume=getattr(caller, "resume", None),
+                        large=ctx.large and jsontext.carries_large_string(call.arguments))
     try:
         if call.route == TOOLS_CALL:
             return await target.server.call_tool(target.method, call.arguments, delivery)
@@ -88,7 +90,9 @@ def _deadline_ms(call: Call) -> float:
 
 async def send(call: Call, target: Target, still_allowed: Callable[[], None] | None) -> bool:
     """Send a notification to its server; False when the server's protocol has no fire-and-forget call."""
-    delivery = Delivery(call.ctx.principal.name, still_allowed=still_allowed, session=call.ctx.session)
+    ctx = call.ctx
+    delivery = Delivery(ctx.principal.name, still_allowed=still_allowed, session=ctx.session,
+                        large=ctx.large and jsontext.carries_large_string(call.arguments))
     return await target.server.notify(target.method, call.arguments, delivery)
 
 

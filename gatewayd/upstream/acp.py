@@ -225,7 +225,7 @@ class AcpDialect(Dialect):
         turn = self._turns[session] = _Turn(call_id, conn, how, tool)
         try:
             result = await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
-                                     silence=self.config.silence_for(method))
+                                     silence=self.config.silence_for(method), large=how.large)
             return result, turn
         except (CallTimedOut, asyncio.CancelledError):
             # ACP's own way to stop a turn; the agent then answers the prompt with stopReason "cancelled".

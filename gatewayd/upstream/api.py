@@ -95,6 +95,9 @@ class Delivery:
     # The caller's answers to a modern child's input-required result (`inputResponses`, the child's `requestState`),
     # sent along with the retried request; None: not a retry.
     resume: dict[str, Any] | None = None
+    # The arguments carry a string over jsontext.LARGE_STRING: the child's line is made from its bytes a part at a
+    # time (peer.py), not by the per-character escaper.
+    large: bool = False
 
 
 # A delivery for calls nobody in particular makes (tests, tools that list themselves).

@@ -144,7 +144,7 @@ class Dialect(abc.ABC):
 
     async def notify(self, conn: Connection, method: str, params: Any, how: Delivery) -> None:
         """Send `method` as a notification (`can_notify` said it may be)."""
-        await conn.notify(method, params)
+        await conn.notify(method, params, large=how.large)
 
     def settings_name(self, method: str) -> str:
         """The `[methods.NAME]` of tools.d whose timeouts a call of `method` takes."""
@@ -288,7 +288,7 @@ class McpDialect(Dialect):
             params["_meta"] = meta
         result = self._result(await conn.call(
             "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
-            cancel_on_timeout=True, caller=how.caller,
+            cancel_on_timeout=True, caller=how.caller, large=how.large,
         ))
         return await self._answered(conn, "tools/call", params, result, timeout, how)
 
@@ -323,6 +323,7 @@ class McpDialect(Dialect):
             result = self._result(await conn.call(
                 method, self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
                 on_event=how.on_event, request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller,
+                large=how.large,
             ))
             if (requests := _asked(result)) is None:
                 break
@@ -399,7 +400,7 @@ class McpDialect(Dialect):
         # `tasks/result`, related to the task), and the relay decides as for a tool call.
         result = self._result(await conn.call(method, self._params(sent, how), timeout=timeout,
                                               on_event=how.on_event, request_id=call_id, cancel_on_timeout=True,
-                                              caller=how.caller))
+                                              caller=how.caller, large=how.large))
         return await self._answered(conn, method, sent, result, timeout, how)
 
 
@@ -438,7 +439,7 @@ class JsonRpcDialect(Dialect):
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         if self.config.methods[method].notification:
-            await conn.notify(method, params)
+            await conn.notify(method, params, large=how.large)
             return None
         call_id = conn.new_id()
         if how.progress and isinstance(params, dict) and "_meta" not in params:
@@ -446,7 +447,8 @@ class JsonRpcDialect(Dialect):
             # was asked for, as before. Arguments that have a `_meta` of their own were decided with it and go as they
             # are (then without progress).
             params = {**params, "_meta": _meta(how, call_id)}
-        return await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id)
+        return await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
+                               large=how.large)
 
     def can_notify(self, method: str) -> bool:
         return True

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import jsonrpc
+from gatewayd import jsonrpc, jsontext
 from gatewayd.calls import CallContext
 from gatewayd.errors import GatewayError, HttpError, InvalidRequest
 from gatewayd.gateway import Gateway
@@ -129,7 +129,7 @@ async def handle_post(request: web.Request) -> web.StreamResponse:
     needs_session = any(_needs_session(message) for message in body.messages)
     session = _session_for(request, principal, required=needs_session)
     ctx = CallContext(principal, generation.servers, session, on_disconnect=limits.on_disconnect(request),
-                      authority=state.principal)
+                      authority=state.principal, large=body.size > jsontext.LARGE_STRING)
     requests = await _take_non_requests(state.gateway, ctx, body.messages)
     if not requests:
         return web.Response(status=202)

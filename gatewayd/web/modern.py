@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from gatewayd import __version__, jsonrpc, modern, request_state
+from gatewayd import __version__, jsonrpc, jsontext, modern, request_state
 from gatewayd.calls import CallContext, Emit
 from gatewayd.continuations import Continuation
 from gatewayd.errors import (
@@ -116,7 +116,8 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
         logger.info("client=%s modern %s refused: %s", principal.name, message.method[:64], exc.message)
         return _error(message.id, exc)
     ctx = CallContext(principal, state.generation.servers, None, on_disconnect=limits.on_disconnect(request),
-                      authority=state.principal, asker=modern.Asker(envelope, retry))
+                      authority=state.principal, asker=modern.Asker(envelope, retry),
+                      large=body.size > jsontext.LARGE_STRING)
     if sse_ok:
         return await _answer_sse(request, state, ctx, message, envelope, resumed)
     answer = await _cancellable(state, ctx, message, envelope, resumed)

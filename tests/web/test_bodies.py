@@ -2,7 +2,8 @@
 
 The slicing is unit-tested against `jsonrpc.dumps` on both sides of LARGE_STRING (escapes, characters of every
 UTF-8 length, keys that are not strings, nesting); the written body lets go of its answer; and a few MiB go
-through a running gateway as JSON (chunked) and as an SSE event, intact.
+through a running gateway as JSON (chunked) and as an SSE event, intact. The other way, a large argument goes to
+its child on a line made from its bytes (tests/upstream/test_writes.py has the line itself), on each route.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MIXED = 'ab"\\\n\t\x01é\u2028€\U0001f600<'
 PLAIN = "aé\u2028€\U0001f600\x7f<"
 BIG = jsontext.LARGE_STRING + 1
 HUGE_ANSWER = 3 * 1024 * 1024 + 17
+MODERN = "2026-07-28"
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {},
+               "io.modelcontextprotocol/clientInfo": {"name": "bodies-test", "version": "1"}}
 
 
 def text_of(size: int) -> str:
@@ -108,6 +112,7 @@ async def test_a_written_body_lets_go_of_its_answer() -> None:
 SPY = """
 protocol = "jsonrpc"
 [methods.huge]
+[methods.echo]
 """
 
 
@@ -119,6 +124,15 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[LocalClient, str]]:
         yield client, tokens["c"]
 
 
+async def session_of(client: LocalClient, token: str) -> dict[str, str]:
+    """The headers of a new 2025-11-25 session's requests."""
+    opened = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}}}
+    response = await client.post("/mcp", data=json.dumps(opened), headers=headers(
+        token, Accept="application/json, text/event-stream"))
+    return {"Mcp-Session-Id": response.headers["Mcp-Session-Id"], "MCP-Protocol-Version": "2025-11-25"}
+
+
 async def test_a_large_result_goes_through_whole_as_json_and_as_an_event(gateway: tuple[LocalClient, str]) -> None:
     client, token = gateway
     call = {"jsonrpc": "2.0", "id": 7, "method": "spy.huge", "params": {"size": HUGE_ANSWER}}
@@ -127,16 +141,47 @@ async def test_a_large_result_goes_through_whole_as_json_and_as_an_event(gateway
     assert await response.json() == {"jsonrpc": "2.0", "id": 7, "result": "x" * HUGE_ANSWER}
     tool = {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "mcp__huge",
                                                                           "arguments": {"size": HUGE_ANSWER}}}
-    opened = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t"}}}
-    accept = "application/json, text/event-stream"
-    response = await client.post("/mcp", data=json.dumps(opened), headers=headers(token, Accept=accept))
-    session = response.headers["Mcp-Session-Id"]
     # A client that takes an event stream only gets even an answer ready at once as an event.
     response = await client.post("/mcp", data=json.dumps(tool), headers=headers(
-        token, Accept="text/event-stream", **{"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}))
+        token, Accept="text/event-stream", **await session_of(client, token)))
     assert response.status == 200 and response.content_type == "text/event-stream"
     text = await response.text()
     assert text.startswith("event: message\ndata: ") and text.endswith("\n\n")
     answer = json.loads(text.removeprefix("event: message\ndata: "))
     assert answer["id"] == 8 and answer["result"]["structuredContent"] == {"value": "x" * HUGE_ANSWER}
+
+
+async def test_a_large_argument_reaches_its_child_intact_on_a_line_made_from_its_bytes(
+        gateway: tuple[LocalClient, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    client, token = gateway
+    made: list[str] = []
+    parts = jsontext.parts
+
+    def watched(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, dict) and "method" in value:  # a line to a child, not an answer or an audit hash
+            made.append(value["method"])
+        return parts(value, *args, **kwargs)
+
+    monkeypatch.setattr(jsontext, "parts", watched)
+    text = text_of(BIG)
+    direct = {"jsonrpc": "2.0", "id": 1, "method": "spy.echo", "params": {"text": text}}
+    response = await client.post("/mcp", data=json.dumps(direct), headers=headers(token, Accept="application/json"))
+    assert response.status == 200, await response.text()
+    assert await response.json() == {"jsonrpc": "2.0", "id": 1, "result": {"text": text}}
+    tool = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "mcp__echo",
+                                                                          "arguments": {"text": text}}}
+    response = await client.post("/mcp", data=json.dumps(tool), headers=headers(
+        token, Accept="application/json", **await session_of(client, token)))
+    assert (await response.json())["result"]["structuredContent"] == {"value": {"text": text}}
+    stateless = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "mcp__echo", "arguments": {"text": text}, "_meta": MODERN_META}}
+    response = await client.post("/mcp", data=json.dumps(stateless), headers=headers(
+        token, Accept="application/json", **{"MCP-Protocol-Version": MODERN, "Mcp-Method": "tools/call",
+                                             "Mcp-Name": "mcp__echo"}))
+    assert (await response.json())["result"]["structuredContent"] == {"value": {"text": text}}
+    assert made == ["echo", "tools/call", "tools/call"]
+    # A small argument's line is made the plain way.
+    small = {"jsonrpc": "2.0", "id": 4, "method": "spy.echo", "params": {"text": text[:100]}}
+    response = await client.post("/mcp", data=json.dumps(small), headers=headers(token, Accept="application/json"))
+    assert await response.json() == {"jsonrpc": "2.0", "id": 4, "result": {"text": text[:100]}}
+    assert made == ["echo", "tools/call", "tools/call"]
