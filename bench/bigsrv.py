@@ -1,4 +1,5 @@
-"""A plain JSON-RPC 2.0 child for bench.scale's payload target: `blob {"bytes": N}` answers `{"text": "x" * N}`.
+"""A plain JSON-RPC 2.0 child for bench.scale's payload target: `blob {"bytes": N}` answers `{"text": "x" * N}`,
+`take {"text": T}` answers `{"chars": len(T)}` (a large argument, the other way).
 
 Standard library only, one request a line, answered in order. Run as a file (`python3 bench/bigsrv.py`): the
 installed copies the bench runs on do not have the checkout's `bench` package.
@@ -19,6 +20,8 @@ def main() -> int:
         params = request.get("params") or {}
         if request.get("method") == "blob":
             reply = {"jsonrpc": "2.0", "id": request.get("id"), "result": {"text": "x" * int(params.get("bytes", 0))}}
+        elif request.get("method") == "take":
+            reply = {"jsonrpc": "2.0", "id": request.get("id"), "result": {"chars": len(params.get("text", ""))}}
         else:
             reply = {"jsonrpc": "2.0", "id": request.get("id"),
                      "error": {"code": -32601, "message": "Method not found"}}

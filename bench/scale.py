@@ -28,7 +28,9 @@ loopback only, with its goal judged at the end:
   (no goal: the figure that says what a streaming call costs, steadier than the other calls' p99).
 - `payload`: a 10 MiB tool result (`bench/bigsrv.py`) relayed, against the same child read directly on its pipes;
   the daemon's peak RSS growth; a result over the child line limit (16 MiB) refused and the next call answered.
-  Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload.
+  Goals: rate ≥ 0.5× child-direct, peak growth ≤ 3× the payload. The other way (no goal): a 3 MiB argument of text
+  lines (under the default 4 MiB body limit; newlines and quotes to escape, as code has) sent to the child, against
+  the child sent it directly, and the daemon's CPU time a MiB of it.
 
 Run: `.venv/bin/python -m bench.scale --targets sessions,tools,payload` (~2 min). Prints a table of figures and
 goals; the record goes to `bench/results/scale-<stamp>.json`.
@@ -112,6 +114,9 @@ PAYLOAD_CALLS: Final = 5
 CHILD_LINE_LIMIT: Final = 16 * 1024 * 1024
 GOAL_PAYLOAD_RATE: Final = 0.5
 GOAL_PAYLOAD_GROWTH: Final = 3.0
+# A large argument: under the default max_body_bytes (4 MiB), lines of text with something to escape in each.
+ARGUMENT_BYTES: Final = 3 * 1024 * 1024
+ARGUMENT_LINE: Final = 'for item in items: print("lorem ipsum dolor sit amet", item)\n'
 # An answer over the child's line limit is refused "cleanly" when the caller hears of it well before its call's
 # timeout (30 s by default) would have told it.
 OVER_LIMIT_PROMPT_S: Final = 5.0
@@ -505,6 +510,49 @@ async def _child_direct_s(python: Path, size: int) -> float:
         await asyncio.wait_for(proc.wait(), LARGE_CALL_TIMEOUT)
 
 
+def _argument_text() -> str:
+    return (ARGUMENT_LINE * (ARGUMENT_BYTES // len(ARGUMENT_LINE) + 1))[:ARGUMENT_BYTES]
+
+
+async def _child_direct_take_s(python: Path, text: str) -> float:
+    """Seconds per `take` of `text` written straight to the child's stdin."""
+    proc = await asyncio.create_subprocess_exec(str(python), str(BIGSRV), stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        times = []
+        for call in range(PAYLOAD_CALLS + 1):
+            started = time.perf_counter()
+            proc.stdin.write(wire.compact(wire.request("take", {"text": text}, call + 1)) + b"\n")
+            line = await asyncio.wait_for(proc.stdout.readline(), LARGE_CALL_TIMEOUT)
+            if json.loads(line)["result"]["chars"] != len(text):
+                raise RuntimeError("the child did not get the whole argument")
+            if call:
+                times.append(time.perf_counter() - started)
+        return statistics.median(times)
+    finally:
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), LARGE_CALL_TIMEOUT)
+
+
+async def _take_through(http: aiohttp.ClientSession, url: str, token: str, daemon_pid: int,
+                        text: str) -> tuple[float, float]:
+    """Median seconds per `take` of `text` through the daemon, and the daemon's CPU seconds per call."""
+    body = wire.compact(wire.request("big.take", {"text": text}))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": wire.ACCEPT_JSON}
+    times = []
+    cpu_before = cpu_seconds([daemon_pid])
+    for _ in range(PAYLOAD_CALLS):
+        started = time.perf_counter()
+        async with http.post(url, data=body, headers=headers,
+                             timeout=aiohttp.ClientTimeout(total=LARGE_CALL_TIMEOUT)) as response:
+            answer = json.loads(await response.read())
+        times.append(time.perf_counter() - started)
+        if answer.get("result") != {"chars": len(text)}:
+            raise RuntimeError(f"unexpected answer: {str(answer)[:200]}")
+    return statistics.median(times), (cpu_seconds([daemon_pid]) - cpu_before) / PAYLOAD_CALLS
+
+
 async def _blob(http: aiohttp.ClientSession, url: str, token: str, size: int) -> dict[str, Any]:
     body = wire.compact(wire.request("big.blob", {"bytes": size}))
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": wire.ACCEPT_JSON}
@@ -518,9 +566,11 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
     config_dir = root / "payload"
     token = write_config(config_dir)
     (config_dir / "tools.d" / "big.toml").write_text(
-        f'command = ["python3", "{BIGSRV}"]\nprotocol = "jsonrpc"\n[methods.blob]\n')
+        f'command = ["python3", "{BIGSRV}"]\nprotocol = "jsonrpc"\n[methods.blob]\n[methods.take]\n')
     (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["echo.*", "big.*"]\n')
     direct_s = await _child_direct_s(python, PAYLOAD_BYTES)
+    text = _argument_text()
+    take_direct_s = await _child_direct_take_s(python, text)
     daemon = _daemon(config_dir, python)
     url = await daemon.start()
     try:
@@ -541,6 +591,7 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
             over = await _blob(http, url, token, CHILD_LINE_LIMIT + 1)
             over_s = time.perf_counter() - started
             after = await _blob(http, url, token, 1)
+            take_s, take_cpu_s = await _take_through(http, url, token, daemon.pid, text)
     finally:
         await daemon.stop()
     gateway_s = statistics.median(times)
@@ -553,6 +604,9 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
             growth * MB / PAYLOAD_BYTES, 2)},
         "over_line_limit": over.get("error"), "over_line_limit_answered_after_s": round(over_s, 2),
         "next_call_answered": after.get("result") == {"text": "x"},
+        "argument": {"mib": round(ARGUMENT_BYTES / KIB / KIB, 1), "child_direct_s": round(take_direct_s, 4),
+                     "through_gatewayd_s": round(take_s, 4), "rate_ratio": round(take_direct_s / take_s, 3),
+                     "daemon_cpu_ms_per_mib": round(take_cpu_s * 1000 / (ARGUMENT_BYTES / KIB / KIB), 2)},
         "goals": {"rate_at_least_half_child_direct": direct_s / gateway_s >= GOAL_PAYLOAD_RATE,
                   "peak_growth_at_most_3x_payload": growth * MB <= GOAL_PAYLOAD_GROWTH * PAYLOAD_BYTES,
                   # Cleanly: an error of its own, not the call's timeout, and the next call answered.
