@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -489,8 +490,10 @@ async def streaming(root: Path, python: Path) -> dict[str, Any]:
 # -- a large result --------------------------------------------------------------------------------
 
 
-async def _child_direct_s(python: Path, size: int) -> float:
-    """Seconds per `blob` of `size` bytes read straight from the child's stdout."""
+async def _child_direct_s(python: Path, method: str, params: dict[str, Any],
+                          answered: Callable[[Any], bool]) -> float:
+    """Median seconds per `method` call of bigsrv, written to its stdin and read from its stdout directly; each
+    answer's result must pass `answered`."""
     proc = await asyncio.create_subprocess_exec(str(python), str(BIGSRV), stdin=asyncio.subprocess.PIPE,
                                                 stdout=asyncio.subprocess.PIPE, limit=CHILD_LINE_LIMIT)
     assert proc.stdin is not None and proc.stdout is not None
@@ -498,10 +501,10 @@ async def _child_direct_s(python: Path, size: int) -> float:
         times = []
         for call in range(PAYLOAD_CALLS + 1):
             started = time.perf_counter()
-            proc.stdin.write(wire.compact(wire.request("blob", {"bytes": size}, call + 1)) + b"\n")
+            proc.stdin.write(wire.compact(wire.request(method, params, call + 1)) + b"\n")
             line = await asyncio.wait_for(proc.stdout.readline(), LARGE_CALL_TIMEOUT)
-            if len(json.loads(line)["result"]["text"]) != size:
-                raise RuntimeError("short answer from the child")
+            if not answered(json.loads(line)["result"]):
+                raise RuntimeError(f"the child answered {method} short")
             if call:  # the first one warms up
                 times.append(time.perf_counter() - started)
         return statistics.median(times)
@@ -512,27 +515,6 @@ async def _child_direct_s(python: Path, size: int) -> float:
 
 def _argument_text() -> str:
     return (ARGUMENT_LINE * (ARGUMENT_BYTES // len(ARGUMENT_LINE) + 1))[:ARGUMENT_BYTES]
-
-
-async def _child_direct_take_s(python: Path, text: str) -> float:
-    """Seconds per `take` of `text` written straight to the child's stdin."""
-    proc = await asyncio.create_subprocess_exec(str(python), str(BIGSRV), stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        times = []
-        for call in range(PAYLOAD_CALLS + 1):
-            started = time.perf_counter()
-            proc.stdin.write(wire.compact(wire.request("take", {"text": text}, call + 1)) + b"\n")
-            line = await asyncio.wait_for(proc.stdout.readline(), LARGE_CALL_TIMEOUT)
-            if json.loads(line)["result"]["chars"] != len(text):
-                raise RuntimeError("the child did not get the whole argument")
-            if call:
-                times.append(time.perf_counter() - started)
-        return statistics.median(times)
-    finally:
-        proc.stdin.close()
-        await asyncio.wait_for(proc.wait(), LARGE_CALL_TIMEOUT)
 
 
 async def _take_through(http: aiohttp.ClientSession, url: str, token: str, daemon_pid: int,
@@ -568,9 +550,11 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
     (config_dir / "tools.d" / "big.toml").write_text(
         f'command = ["python3", "{BIGSRV}"]\nprotocol = "jsonrpc"\n[methods.blob]\n[methods.take]\n')
     (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["echo.*", "big.*"]\n')
-    direct_s = await _child_direct_s(python, PAYLOAD_BYTES)
+    direct_s = await _child_direct_s(python, "blob", {"bytes": PAYLOAD_BYTES},
+                                     lambda result: len(result["text"]) == PAYLOAD_BYTES)
     text = _argument_text()
-    take_direct_s = await _child_direct_take_s(python, text)
+    take_direct_s = await _child_direct_s(python, "take", {"text": text},
+                                          lambda result: result["chars"] == len(text))
     daemon = _daemon(config_dir, python)
     url = await daemon.start()
     try:
