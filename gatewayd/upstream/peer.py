@@ -553,7 +553,8 @@ class Peer:
             self.dropped.replies += 1
             return False
         try:
-            self._write(message)
+            # Rare (a client's answer to a relayed question): looked through for a large string every time.
+            self._write(message, jsontext.carries_large_string(message))
         except ToolServerUnavailable:
             return False
         return True

@@ -9,6 +9,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gatewayd import jsontext
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
 
@@ -83,6 +86,29 @@ async def test_a_reply_left_for_later_reaches_the_child_when_sent() -> None:
         replies = await report
     assert replies == [{"jsonrpc": "2.0", "id": "l", "result": {"late": True}}]
     assert not conn.reply({"jsonrpc": "2.0", "id": "l", "result": {}}), "the child is gone: nothing is written"
+
+
+async def test_a_reply_carrying_a_large_string_reaches_the_child_intact_made_from_its_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[Any] = []
+    parts = jsontext.parts
+
+    def watched(value: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(value, dict) and "jsonrpc" in value:  # a whole line, not a part of one
+            made.append(value.get("id"))
+        return parts(value, *args, **kwargs)
+
+    monkeypatch.setattr(jsontext, "parts", watched)
+    text = ('é"\\\n\x01\u2028\U0001f600 ' * (jsontext.LARGE_STRING // 8 + 1))[:jsontext.LARGE_STRING + 1]
+    asked = asyncio.Event()
+    async with asking('"l"=later', on_request=lambda message: asked.set()) as conn:
+        report = asyncio.ensure_future(conn.call("report", None, timeout=REPORT_TIMEOUT))
+        await asyncio.wait_for(asked.wait(), REPORT_TIMEOUT)
+        sampled = {"role": "assistant", "content": {"type": "text", "text": text}}
+        assert conn.reply({"jsonrpc": "2.0", "id": "l", "result": sampled})
+        replies = await report
+    assert replies == [{"jsonrpc": "2.0", "id": "l", "result": sampled}]
+    assert made == ["l"]
 
 
 async def test_a_reused_id_of_a_request_still_waiting_is_refused_and_the_first_unharmed() -> None:
