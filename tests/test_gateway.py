@@ -29,7 +29,7 @@ from gatewayd.jsonrpc import Notification, Request
 from gatewayd.metrics import Metrics
 from gatewayd.policy import Grant, Principal
 from gatewayd.records import Records
-from gatewayd.upstream.api import ANYONE, Delivery, ToolDef
+from gatewayd.upstream.api import ANYONE, Delivery, ToolDef, Upstream
 from tests.waiting import eventually
 
 
@@ -49,6 +49,11 @@ class Scripted:
     exposed: str | None = None
     # Its child's pid, as ToolServer has it (None: no child running).
     pid: int | None = None
+    # Whether its tool list is known without asking (declared, or listed by a running child), as ToolServer's is;
+    # `asked` counts the times it was asked instead.
+    known: bool = False
+    asked: int = 0
+    _list: list[ToolDef] | None = None
 
     @property
     def prefix(self) -> str:
@@ -61,13 +66,18 @@ class Scripted:
         return method in self.confirm
 
     async def has_tool(self, method: str) -> bool:
+        self.asked += 1
         return method in self.tools_offered
 
     async def tools(self) -> list[ToolDef]:
         return [ToolDef(tool, f"the {tool} tool", {"type": "object"}) for tool in self.tools_offered]
 
     def tools_known(self) -> list[ToolDef] | None:
-        return None  # a new list each time: always asked
+        if not self.known:
+            return None  # a new list each time: always asked
+        if self._list is None:
+            self._list = [ToolDef(tool, f"the {tool} tool", {"type": "object"}) for tool in self.tools_offered]
+        return self._list
 
     # Held before anything is sent, as a real server waits for a slot: the call waits here until it is set.
     slot: asyncio.Event = field(default_factory=asyncio.Event)
@@ -385,8 +395,11 @@ async def test_a_prefix_is_what_clients_see_before_a_servers_tool_names(rig: Rig
     assert (await _on(rig.gateway, {"s": server}, "s.add", {}))["result"] == {"ok": "add"}
 
 
-async def test_without_a_prefix_tools_keep_their_own_names_and_the_first_server_wins_a_collision(rig: Rig) -> None:
-    first, second = Scripted("s", ["add", "only_s"], exposed=""), Scripted("t", ["add", "only_t"], exposed="")
+@pytest.mark.parametrize("known", [False, True])
+async def test_without_a_prefix_tools_keep_their_own_names_and_the_first_server_wins_a_collision(
+        rig: Rig, known: bool) -> None:
+    first = Scripted("s", ["add", "only_s"], exposed="", known=known)
+    second = Scripted("t", ["add", "only_t"], exposed="", known=known)
     servers = {"t": second, "s": first}
     listed = await _on(rig.gateway, servers, "tools/list", {})
     assert [tool["name"] for tool in listed["result"]["tools"]] == ["add", "only_s", "only_t"]
@@ -394,3 +407,19 @@ async def test_without_a_prefix_tools_keep_their_own_names_and_the_first_server_
     await _on(rig.gateway, servers, "tools/call", {"name": "only_t", "arguments": {}})
     assert [(kind, method) for kind, method, _ in first.received] == [("tool", "add")]
     assert [(kind, method) for kind, method, _ in second.received] == [("tool", "only_t")]
+
+
+async def test_a_tool_without_a_prefix_is_found_among_the_servers_the_client_may_use_asking_none_it_may_not() -> None:
+    # Known lists are looked up; the one that must be asked is asked only when the client may use its server.
+    hidden = Scripted("a", ["add"], exposed="", known=True)
+    unasked = Scripted("b", ["add"], exposed="")
+    mine = Scripted("c", ["add"], exposed="", known=True)
+    servers: dict[str, Upstream] = {"a": hidden, "b": unasked, "c": mine}
+    catalog = Catalog()
+    only_c = Principal("c-only", (Grant("c", "p.toml", allow=("c.*",)),))
+    assert await catalog.find_tool("add", only_c, servers) == (mine, "add")
+    assert await catalog.find_tool("nothing", only_c, servers) is None
+    assert unasked.asked == 0
+    everyone = Principal("all", (Grant("all", "p.toml", allow=("*.*",)),))
+    assert await catalog.find_tool("add", everyone, servers) == (hidden, "add")
+    assert hidden.asked == 0 and mine.asked == 0, "a known list is looked up, not asked"
