@@ -13,6 +13,10 @@ loopback only, with its goal judged at the end:
   100 (admin socket round trip), a new file callable after it is saved (the daemon watches its config), and direct
   calls/s at 8 in flight against a daemon with the echo server alone, in alternating pairs. Goals: p50 ≤ 5 ms,
   reload ≤ 100 ms, save → callable ≤ 0.5 s, per-call figures unchanged beyond the noise.
+- `bare`: the same 100 servers exposed without a prefix (`prefix = ""`), the echo server last of them in name
+  order, an MCP `tools/call` of `echo` (found by looking through the others first) at 8 in flight against a daemon
+  with the echo server alone, alternating pairs: calls/s and server CPU a call. No goal of its own: the `tools`
+  goal's "per-call figures unchanged" for tool names without a prefix.
 - `children`: a child per MCP session (`isolation = "session"`), 100 sessions: each session's first call (which
   spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
   the figures are for sizing.
@@ -55,7 +59,16 @@ from typing import Any, Final
 import aiohttp
 
 from bench import wire
-from bench.driver import JsonTarget, LoadResult, ModernTarget, SseTarget, client_session, run_load, run_paced
+from bench.driver import (
+    JsonTarget,
+    LoadResult,
+    ModernTarget,
+    SseTarget,
+    Target,
+    client_session,
+    run_load,
+    run_paced,
+)
 from bench.procs import (
     ECHO_TOML,
     ROLE,
@@ -73,7 +86,7 @@ from bench.streams import STREAM_RATE, STREAM_SECONDS
 from gatewayd.admin import AdminClient
 from gatewayd.tokens import hash_token, new_token
 
-TARGETS: Final = ("sessions", "tools", "children", "streaming", "notifications", "payload")
+TARGETS: Final = ("sessions", "tools", "bare", "children", "streaming", "notifications", "payload")
 KIB: Final = 1024
 MB: Final = 1e6
 # sessions
@@ -92,6 +105,8 @@ SERVERS: Final = 100
 TOOLS_PER_SERVER: Final = 20
 LISTS: Final = 50
 TOOL_PAIRS: Final = 3
+# bare: servers exposed without a prefix, the called tool's server last of them in name order
+BARE_PAIRS: Final = 4
 GOAL_LIST_P50_MS: Final = 5.0
 GOAL_RELOAD_MS: Final = 100.0
 GOAL_SAVE_TO_CALLABLE_S: Final = 0.5
@@ -143,7 +158,7 @@ async def _calls_per_s(target: JsonTarget) -> float:
     return (await _load(target))[0]
 
 
-async def _load(target: JsonTarget) -> tuple[float, float]:
+async def _load(target: Target) -> tuple[float, float]:
     """Median calls/s and server CPU µs a call at LOAD_CONCURRENCY in flight over LOAD_ROUNDS rounds."""
     rounds = [await run_load(target, LOAD_CONCURRENCY, LOAD_DURATION, LOAD_WARMUP) for _ in range(LOAD_ROUNDS)]
     if any(r.errors for r in rounds):
@@ -309,6 +324,53 @@ async def tools(root: Path, python: Path) -> dict[str, Any]:
         "calls_per_s_at_8": {"pairs": pairs, "many_over_one_median": round(ratio, 3)},
         "goals": {"list_p50_at_most_5ms": p50 <= GOAL_LIST_P50_MS, "reload_at_most_100ms": reload_ms <= GOAL_RELOAD_MS,
                   "save_to_callable_at_most_0.5s": callable_s <= GOAL_SAVE_TO_CALLABLE_S},
+    }
+
+
+def _bare_config(config_dir: Path, others: int) -> str:
+    """The echo server exposed without a prefix, after `others` such servers (their children never started): the
+    token."""
+    token = write_config(config_dir)
+    (config_dir / "tools.d" / "echo.toml").write_text(
+        ECHO_TOML.replace('protocol = "jsonrpc"\n', 'protocol = "jsonrpc"\nprefix = ""\n'))
+    for index in range(others):  # named a…, before echo
+        (config_dir / "tools.d" / f"a{index:03d}.toml").write_text(
+            f'command = ["python3", "-m", "gatewayd.examples.calc"]\nprotocol = "jsonrpc"\nprefix = ""\n'
+            f'[methods.b{index:03d}]\n')
+    (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["*.*"]\n')
+    return token
+
+
+async def bare(root: Path, python: Path) -> dict[str, Any]:
+    daemons = {"one": (root / "bare-one", 0), "many": (root / "bare-many", SERVERS - 1)}
+    started: dict[str, tuple[ServerProcess, str, str]] = {}
+    try:
+        for name, (config_dir, others) in daemons.items():
+            token = _bare_config(config_dir, others)
+            daemon = _daemon(config_dir, python)
+            started[name] = (daemon, await daemon.start(), token)
+        async with client_session(LOAD_CONCURRENCY) as http:
+            targets = {}
+            for name, (daemon, url, token) in started.items():
+                target = SseTarget(name, http, url, token, daemon.pid)
+                target.body = wire.compact(wire.request("tools/call", {"name": wire.CHILD_METHOD,
+                                                                       "arguments": wire.ECHO_PARAMS}))
+                await target.open_session()
+                await target.call()  # starts the echo child
+                targets[name] = target
+            pairs = []
+            for pair in range(BARE_PAIRS):
+                order = ["one", "many"] if pair % 2 == 0 else ["many", "one"]
+                pairs.append({name: await _load(targets[name]) for name in order})
+    finally:
+        for daemon, _, _ in started.values():
+            await daemon.stop()
+    return {
+        "servers_before_it": SERVERS - 1,
+        "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
+                   for name, (rate, cpu) in pair.items()} for pair in pairs],
+        "calls_per_s_many_over_one": round(statistics.median(p["many"][0] / p["one"][0] for p in pairs), 3),
+        "server_cpu_many_over_one": round(statistics.median(p["many"][1] / p["one"][1] for p in pairs), 3),
     }
 
 
@@ -614,7 +676,7 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
     }
 
 
-RUNNERS: Final = {"sessions": sessions, "tools": tools, "children": children, "streaming": streaming,
+RUNNERS: Final = {"sessions": sessions, "tools": tools, "bare": bare, "children": children, "streaming": streaming,
                   "notifications": notifications, "payload": payload}
 
 
