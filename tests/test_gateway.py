@@ -111,7 +111,11 @@ class Scripted:
     surfaces: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     async def surface(self, kind: str) -> list[dict[str, Any]]:
+        self.asked += 1
         return self.surfaces.get(kind, [])
+
+    def surface_known(self, kind: str) -> list[dict[str, Any]] | None:
+        return self.surfaces.setdefault(kind, []) if self.known else None
 
     async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         return await self._run("surface", method, params, delivery)

@@ -31,8 +31,8 @@ from tests.test_gateway import Scripted, in_memory_gateway
 from tests.waiting import eventually
 
 
-def _server(name: str) -> Scripted:
-    server = Scripted(name, ["tool"])
+def _server(name: str, known: bool = False) -> Scripted:
+    server = Scripted(name, ["tool"], known=known)
     server.surfaces = {
         "resources": [{"uri": f"{name}://doc", "name": "doc"}, {"uri": "shared://x", "name": f"x of {name}"}],
         "resourceTemplates": [{"uriTemplate": f"{name}://item/{{id}}/data", "name": "item"}],
@@ -68,11 +68,29 @@ SOME = Principal("some", (Grant("some", "p.toml", allow=("b.resources/read", "a.
 NOTHING = Principal("none", (Grant("none", "p.toml", allow=("a.tool",)),))
 
 
-@pytest.fixture
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+@pytest.fixture(params=[False, True], ids=["asked", "known"])
+async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    """Servers whose lists are asked for each time, or known without waiting (a running child's kept lists)."""
     trail = tmp_path / "audit.jsonl"
     async with in_memory_gateway(trail) as (gateway, audit_log):
-        yield Rig(gateway, {"a": _server("a"), "b": _server("b")}, audit_log, trail)
+        yield Rig(gateway, {"a": _server("a", request.param), "b": _server("b", request.param)}, audit_log, trail)
+
+
+async def test_known_lists_are_looked_up_not_asked_for_and_a_new_list_is_seen(tmp_path: Path) -> None:
+    async with in_memory_gateway(tmp_path / "audit.jsonl") as (gateway, audit):
+        a, b = _server("a", known=True), _server("b", known=True)
+        rig = Rig(gateway, {"a": a, "b": b}, audit, tmp_path / "audit.jsonl")
+        a.surfaces["resources"] = [{"name": "no uri"}, {"uri": 7}, *a.surfaces["resources"]]
+        assert (await rig.request(EVERYTHING, "resources/read", {"uri": "shared://x"}))["result"]
+        assert (await rig.request(EVERYTHING, "prompts/get", {"name": "b__greet"}))["result"]
+        listed = (await rig.request(EVERYTHING, "resources/list"))["result"]["resources"]
+        assert [r["uri"] for r in listed] == ["a://doc", "shared://x", "b://doc"]
+        assert a.asked == b.asked == 0
+        # The child said its list changed: a new list object, read as it is now.
+        b.surfaces["resources"] = [{"uri": "b://new", "name": "new"}]
+        assert (await rig.request(EVERYTHING, "resources/read", {"uri": "b://new"}))["result"]
+        assert (await rig.request(EVERYTHING, "resources/read", {"uri": "b://doc"}))["error"]["code"] == -32602
+        assert [m for _, m, params in b.received] == ["prompts/get", "resources/read"]
 
 
 async def test_initialize_declares_resources_prompts_and_completions(rig: Rig) -> None:

@@ -174,6 +174,11 @@ class Upstream(Protocol):
         `prompts` (surfaces.py); empty for a protocol that has none (may start it, to ask)."""
         ...
 
+    def surface_known(self, kind: str) -> list[dict[str, Any]] | None:
+        """What `surface` would answer without waiting (listed by the running child, or nothing for a protocol
+        without surfaces), the same list object; None when it would have to start or ask the child."""
+        ...
+
     async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         """Send an MCP request about the server's resources, prompts or completions (`resources/read`,
         `resources/subscribe`, `resources/unsubscribe`, `prompts/get`, `completion/complete`), or about one of its tasks

@@ -113,6 +113,9 @@ class Fleet:
     async def surface(self, kind: str) -> list[dict[str, Any]]:
         return await self.lister.surface(kind)
 
+    def surface_known(self, kind: str) -> list[dict[str, Any]] | None:
+        return self.lister.surface_known(kind)
+
     async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
         return await self._child(delivery).call_tool(tool, arguments, delivery)
 

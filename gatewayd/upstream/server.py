@@ -51,6 +51,8 @@ STALE_AFTER: dict[str, tuple[str, ...]] = {
 }
 # Shortest idle re-check, so a timer that fires a hair early does not spin.
 IDLE_MIN_WAIT = 0.01
+# What a protocol without resources and prompts lists: one list for all, read and never changed (as cached lists).
+NOTHING_LISTED: list[dict[str, Any]] = []
 
 
 class State(enum.StrEnum):
@@ -472,15 +474,21 @@ class ToolServer:
     async def surface(self, kind: str) -> list[dict[str, Any]]:
         """The child's resources, templates or prompts (cached until it says they changed, or a new child runs);
         none for a protocol without them."""
-        if not self.dialect.offers_surfaces:
-            return []
-        cached = self._surfaces.get(kind)
-        if cached is not None and cached[0] is self._conn and cached[0].alive:
-            return cached[1]
+        known = self.surface_known(kind)
+        if known is not None:
+            return known
         conn = await self.ensure_running()
         listed = await self.dialect.list_surface(conn, kind, self.tag)
         self._surfaces[kind] = (conn, listed)
         return listed
+
+    def surface_known(self, kind: str) -> list[dict[str, Any]] | None:
+        if not self.dialect.offers_surfaces:
+            return NOTHING_LISTED
+        cached = self._surfaces.get(kind)
+        if cached is not None and cached[0] is self._conn and cached[0].alive:
+            return cached[1]
+        return None
 
     async def call_surface(self, method: str, params: Any, delivery: Delivery = ANYONE) -> Any:
         """An MCP request about the child's resources, prompts or completions, answered with its own result."""
