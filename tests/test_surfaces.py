@@ -76,6 +76,22 @@ async def rig(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[R
         yield Rig(gateway, {"a": _server("a", request.param), "b": _server("b", request.param)}, audit_log, trail)
 
 
+async def test_what_each_client_may_use_is_its_own_and_a_reloaded_server_table_is_decided_anew() -> None:
+    # Decided once per client and server table (a request's table is its generation's): not mixed between
+    # clients, and not carried over to the next table.
+    owners = surfaces.Surfaces(Catalog())
+    table: dict[str, Upstream] = {"a": _server("a", known=True), "b": _server("b", known=True)}
+    for _ in range(2):
+        some = (await owners.list(SOME, table, "resources/list"))["resources"]
+        assert [r["uri"] for r in some] == ["b://doc", "shared://x"]
+        every = (await owners.list(EVERYTHING, table, "resources/list"))["resources"]
+        assert [r["uri"] for r in every] == ["a://doc", "shared://x", "b://doc"]
+    reloaded: dict[str, Upstream] = {"a": table["a"]}
+    assert [r["uri"] for r in (await owners.list(SOME, reloaded, "resources/list"))["resources"]] == []
+    assert [r["uri"] for r in (await owners.list(EVERYTHING, reloaded, "resources/list"))["resources"]] == [
+        "a://doc", "shared://x"]
+
+
 async def test_known_lists_are_looked_up_not_asked_for_and_a_new_list_is_seen(tmp_path: Path) -> None:
     async with in_memory_gateway(tmp_path / "audit.jsonl") as (gateway, audit):
         a, b = _server("a", known=True), _server("b", known=True)
