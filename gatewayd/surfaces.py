@@ -278,20 +278,17 @@ class Surfaces:
         """The first server (name order) the principal may read from that lists `uri`, else the first one with a
         template matching it; None: unknown."""
         readable = self._usable(principal, servers, READ)
-        for server, resources in zip(readable, await _gather(readable, RESOURCES), strict=True):
-            if uri in resources.named:
-                return server
+        owner = await _first_listing(readable, RESOURCES, uri)
+        if owner is not None:
+            return owner
         for server, templates in zip(readable, await _gather(readable, TEMPLATES), strict=True):
             if any(template_matches(item["uriTemplate"], uri) for item in templates):
                 return server
         return None
 
     async def _template_owner(self, principal: Principal, servers: Mapping[str, Upstream], uri: str) -> Upstream | None:
-        readable = self._usable(principal, servers, READ)
-        for server, templates in zip(readable, await _gather(readable, TEMPLATES), strict=True):
-            if uri in templates.named:
-                return server
-        return await self.resource_owner(principal, servers, uri)
+        owner = await _first_listing(self._usable(principal, servers, READ), TEMPLATES, uri)
+        return owner if owner is not None else await self.resource_owner(principal, servers, uri)
 
     def _usable(self, principal: Principal, servers: Mapping[str, Upstream], grant: str) -> Usable:
         """The servers, in name order, whose `grant` the principal has (by name: argument rules come at the call),
@@ -376,6 +373,22 @@ async def _gather(servers: list[Upstream], kind: str) -> list[_Listed]:
             continue
         out.append(_valid(result, kind))
     return out
+
+
+async def _first_listing(servers: list[Upstream], kind: str, key: str) -> Upstream | None:
+    """The first of `servers` whose list of `kind` has `key`. Known lists are looked at in order, and the search ends
+    at the first that has it; from the first list not known, the rest are asked together, as `_gather` asks."""
+    for at, server in enumerate(servers):
+        known = server.surface_known(kind)
+        if known is None:
+            rest = servers[at:]
+            for later, listed in zip(rest, await _gather(rest, kind), strict=True):
+                if key in listed.named:
+                    return later
+            return None
+        if key in _valid(known, kind).named:
+            return server
+    return None
 
 
 def _valid(listed: list[Any], kind: str) -> _Listed:

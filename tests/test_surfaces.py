@@ -92,6 +92,18 @@ async def test_what_each_client_may_use_is_its_own_and_a_reloaded_server_table_i
         "a://doc", "shared://x"]
 
 
+async def test_a_read_stops_at_its_owner_and_asks_a_list_not_known_only_when_it_gets_there() -> None:
+    owners = surfaces.Surfaces(Catalog())
+    a, b, c = _server("a", known=True), _server("b"), _server("c")
+    table: dict[str, Upstream] = {"a": a, "b": b, "c": c}
+    everyone = Principal("all", (Grant("all", "p.toml", allow=("*.*",)),))
+    assert await owners.resource_owner(everyone, table, "shared://x") is a
+    assert b.asked == c.asked == 0, "a read answered by a known list starts nobody after it"
+    assert await owners.resource_owner(everyone, table, "c://doc") is c
+    assert b.asked == c.asked == 1, "the lists not known are asked together, as before"
+    assert await owners.resource_owner(everyone, table, "nobody://x") is None
+
+
 async def test_known_lists_are_looked_up_not_asked_for_and_a_new_list_is_seen(tmp_path: Path) -> None:
     async with in_memory_gateway(tmp_path / "audit.jsonl") as (gateway, audit):
         a, b = _server("a", known=True), _server("b", known=True)
