@@ -17,6 +17,9 @@ loopback only, with its goal judged at the end:
   order, an MCP `tools/call` of `echo` (found by looking through the others first) at 8 in flight against a daemon
   with the echo server alone, alternating pairs: calls/s and server CPU a call. No goal of its own: the `tools`
   goal's "per-call figures unchanged" for tool names without a prefix.
+- `resources`: 20 MCP servers listing 100 resources each (`bench/ressrv.py`), a `resources/read` of the last one's
+  last URI at 8 in flight against a daemon with that server alone, alternating pairs: calls/s and server CPU a
+  call. No goal of its own: what finding a resource's server costs as servers and resources grow.
 - `children`: a child per MCP session (`isolation = "session"`), 100 sessions: each session's first call (which
   spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
   the figures are for sizing.
@@ -86,7 +89,7 @@ from bench.streams import STREAM_RATE, STREAM_SECONDS
 from gatewayd.admin import AdminClient
 from gatewayd.tokens import hash_token, new_token
 
-TARGETS: Final = ("sessions", "tools", "bare", "children", "streaming", "notifications", "payload")
+TARGETS: Final = ("sessions", "tools", "bare", "resources", "children", "streaming", "notifications", "payload")
 KIB: Final = 1024
 MB: Final = 1e6
 # sessions
@@ -107,6 +110,10 @@ LISTS: Final = 50
 TOOL_PAIRS: Final = 3
 # bare: servers exposed without a prefix, the called tool's server last of them in name order
 BARE_PAIRS: Final = 4
+# resources: MCP servers listing this many resources each (bench/ressrv.py)
+RESOURCE_SERVERS: Final = 20
+RESOURCES_EACH: Final = 100
+RESSRV: Final = Path(__file__).resolve().parent / "ressrv.py"
 GOAL_LIST_P50_MS: Final = 5.0
 GOAL_RELOAD_MS: Final = 100.0
 GOAL_SAVE_TO_CALLABLE_S: Final = 0.5
@@ -367,6 +374,66 @@ async def bare(root: Path, python: Path) -> dict[str, Any]:
             await daemon.stop()
     return {
         "servers_before_it": SERVERS - 1,
+        "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
+                   for name, (rate, cpu) in pair.items()} for pair in pairs],
+        "calls_per_s_many_over_one": round(statistics.median(p["many"][0] / p["one"][0] for p in pairs), 3),
+        "server_cpu_many_over_one": round(statistics.median(p["many"][1] / p["one"][1] for p in pairs), 3),
+    }
+
+
+class _ReadTarget(SseTarget):
+    """`resources/read` of `uri` in one 2025-11-25 session; the answer must carry that resource."""
+
+    def __init__(self, name: str, http: aiohttp.ClientSession, url: str, token: str, server_pid: int,
+                 uri: str) -> None:
+        super().__init__(name, http, url, token, server_pid)
+        self.uri = uri
+        self.body = wire.compact(wire.request("resources/read", {"uri": uri}))
+
+    async def call(self) -> None:
+        async with self.http.post(self.url, data=self.body, headers=self.headers) as response:
+            raw = await response.read()
+        message = wire.response_of(raw, response.content_type)
+        contents = message.get("result", {}).get("contents") if isinstance(message, dict) else None
+        if not contents or contents[0].get("uri") != self.uri:
+            raise wire.BadAnswer(f"unexpected resources/read answer: {str(message)[:200]}")
+
+
+def _resources_config(config_dir: Path, servers: int) -> str:
+    """`servers` resource servers (r00, r01, …), each listing RESOURCES_EACH resources: the token."""
+    token = write_config(config_dir)
+    for index in range(servers):
+        (config_dir / "tools.d" / f"r{index:02d}.toml").write_text(
+            f'command = ["python3", "{RESSRV}"]\nenv = {{ RESSRV_ITEMS = "{RESOURCES_EACH}" }}\n')
+    (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["*.*"]\n')
+    return token
+
+
+async def resources(root: Path, python: Path) -> dict[str, Any]:
+    daemons = {"one": (root / "resources-one", 1), "many": (root / "resources-many", RESOURCE_SERVERS)}
+    started: dict[str, tuple[ServerProcess, str, str]] = {}
+    try:
+        for name, (config_dir, count) in daemons.items():
+            token = _resources_config(config_dir, count)
+            daemon = _daemon(config_dir, python)
+            started[name] = (daemon, await daemon.start(), token)
+        async with client_session(LOAD_CONCURRENCY) as http:
+            targets = {}
+            for name, (daemon, url, token) in started.items():
+                # Every server lists the same URIs: the first in name order owns them, after every list is read.
+                target = _ReadTarget(name, http, url, token, daemon.pid, f"res://item/{RESOURCES_EACH - 1}")
+                await target.open_session()
+                await target.call()  # starts the children and reads their lists
+                targets[name] = target
+            pairs = []
+            for pair in range(BARE_PAIRS):
+                order = ["one", "many"] if pair % 2 == 0 else ["many", "one"]
+                pairs.append({name: await _load(targets[name]) for name in order})
+    finally:
+        for daemon, _, _ in started.values():
+            await daemon.stop()
+    return {
+        "servers": RESOURCE_SERVERS, "resources_each": RESOURCES_EACH,
         "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
                    for name, (rate, cpu) in pair.items()} for pair in pairs],
         "calls_per_s_many_over_one": round(statistics.median(p["many"][0] / p["one"][0] for p in pairs), 3),
@@ -676,8 +743,8 @@ async def payload(root: Path, python: Path) -> dict[str, Any]:
     }
 
 
-RUNNERS: Final = {"sessions": sessions, "tools": tools, "bare": bare, "children": children, "streaming": streaming,
-                  "notifications": notifications, "payload": payload}
+RUNNERS: Final = {"sessions": sessions, "tools": tools, "bare": bare, "resources": resources, "children": children,
+                  "streaming": streaming, "notifications": notifications, "payload": payload}
 
 
 async def run(targets: list[str]) -> dict[str, Any]:
