@@ -33,9 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable, Coroutine, Mapping
-from functools import lru_cache
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, Final
 
 from gatewayd import policy
 from gatewayd.calls import Call, CallContext
@@ -278,16 +277,14 @@ class Surfaces:
         """The first server (name order) the principal may read from that lists `uri`, else the first one with a
         template matching it; None: unknown."""
         readable = self._usable(principal, servers, READ)
-        owner = await _first_listing(readable, RESOURCES, uri)
+        owner = await _first_having(readable, RESOURCES, lambda listed: uri in listed.named)
         if owner is not None:
             return owner
-        for server, templates in zip(readable, await _gather(readable, TEMPLATES), strict=True):
-            if any(template_matches(item["uriTemplate"], uri) for item in templates):
-                return server
-        return None
+        return await _first_having(readable, TEMPLATES, lambda listed: listed.matches(uri))
 
     async def _template_owner(self, principal: Principal, servers: Mapping[str, Upstream], uri: str) -> Upstream | None:
-        owner = await _first_listing(self._usable(principal, servers, READ), TEMPLATES, uri)
+        readable = self._usable(principal, servers, READ)
+        owner = await _first_having(readable, TEMPLATES, lambda listed: uri in listed.named)
         return owner if owner is not None else await self.resource_owner(principal, servers, uri)
 
     def _usable(self, principal: Principal, servers: Mapping[str, Upstream], grant: str) -> Usable:
@@ -346,13 +343,22 @@ def _may_use(principal: Principal, server: str, grant: str) -> bool:
 
 
 class _Listed(list[dict[str, Any]]):
-    """A server's valid items of one kind, with their keys (URIs, names) to look one up by rather than compare each."""
+    """A server's valid items of one kind, with their keys (URIs, names) to look one up by rather than compare each;
+    for a list of templates, their shapes (`matches`)."""
 
-    __slots__ = ("named",)
+    __slots__ = ("named", "_shapes")
 
     def __init__(self, items: list[dict[str, Any]], key: str) -> None:
         super().__init__(items)
         self.named = frozenset(item[key] for item in items)
+        self._shapes: _Shapes | None = None
+
+    def matches(self, uri: str) -> bool:
+        """Whether `uri` could be an expansion of one of these templates (made at the first read that asks)."""
+        shapes = self._shapes
+        if shapes is None:
+            shapes = self._shapes = _Shapes(self.named)
+        return shapes.match(uri)
 
 
 async def _gather(servers: list[Upstream], kind: str) -> list[_Listed]:
@@ -375,18 +381,19 @@ async def _gather(servers: list[Upstream], kind: str) -> list[_Listed]:
     return out
 
 
-async def _first_listing(servers: list[Upstream], kind: str, key: str) -> Upstream | None:
-    """The first of `servers` whose list of `kind` has `key`. Known lists are looked at in order, and the search ends
-    at the first that has it; from the first list not known, the rest are asked together, as `_gather` asks."""
+async def _first_having(servers: list[Upstream], kind: str, has: Callable[[_Listed], bool]) -> Upstream | None:
+    """The first of `servers` whose list of `kind` `has` what is looked for. Known lists are looked at in order, and
+    the search ends at the first that has it; from the first list not known, the rest are asked together, as
+    `_gather` asks."""
     for at, server in enumerate(servers):
         known = server.surface_known(kind)
         if known is None:
             rest = servers[at:]
             for later, listed in zip(rest, await _gather(rest, kind), strict=True):
-                if key in listed.named:
+                if has(listed):
                     return later
             return None
-        if key in _valid(known, kind).named:
+        if has(_valid(known, kind)):
             return server
     return None
 
@@ -411,10 +418,47 @@ def _valid(listed: list[Any], kind: str) -> _Listed:
 _EXPRESSION = re.compile(r"\{([+#./;?&]?)[^{}]*\}")
 
 
-@lru_cache(maxsize=1024)
-def _template_pattern(template: str) -> re.Pattern[str] | None:
-    """A regex a URI expanded from `template` matches: simple expressions one path segment, `+`/`#` anything,
-    query expressions an optional query. None for a template that is not one."""
+# A pattern nothing matches: the shape of a head none of whose templates is valid.
+_NOTHING: Final = r"(?!)"
+
+
+class _Shapes:
+    """One server's URI templates, kept with its list: grouped by their head (the text before the first expression),
+    the templates of one head compiled into one pattern when a URI first starts with that head. A read looks up each
+    head length's slice of the URI and matches only the templates it could be. Compiling a template takes ~0.13 ms
+    (Python's regular-expression compiler); matched template by template from a cache of 1,024 patterns, a read
+    behind 20 servers of 100 templates compiled all 2,000 again, ~180 ms a read."""
+
+    __slots__ = ("_by_head", "_patterns")
+
+    def __init__(self, templates: Iterable[str]) -> None:
+        self._by_head: dict[int, dict[str, list[str]]] = {}
+        for template in templates:
+            head = template.partition("{")[0]
+            self._by_head.setdefault(len(head), {}).setdefault(head, []).append(template)
+        self._patterns: dict[str, re.Pattern[str]] = {}
+
+    def match(self, uri: str) -> bool:
+        for length, heads in self._by_head.items():
+            head = uri[:length]
+            templates = heads.get(head)
+            if templates is not None and self._pattern(head, templates).fullmatch(uri) is not None:
+                return True
+        return False
+
+    def _pattern(self, head: str, templates: list[str]) -> re.Pattern[str]:
+        pattern = self._patterns.get(head)
+        if pattern is None:
+            shapes = [shape for shape in map(_template_regex, templates) if shape is not None]
+            pattern = self._patterns[head] = re.compile("|".join(f"(?:{shape})" for shape in shapes) or _NOTHING,
+                                                        re.DOTALL)
+        return pattern
+
+
+def _template_regex(template: str) -> str | None:
+    """The regex a URI expanded from `template` matches: simple expressions one path segment, `+`/`#` anything,
+    query expressions an optional query. None for a template that is not one. Non-capturing, so that any number of
+    them join into one pattern."""
     parts: list[str] = []
     last = 0
     for match in _EXPRESSION.finditer(template):
@@ -433,13 +477,12 @@ def _template_pattern(template: str) -> re.Pattern[str] | None:
     if "{" in rest or "}" in rest:
         return None
     parts.append(re.escape(rest))
-    return re.compile("".join(parts), re.DOTALL)
+    return "".join(parts)
 
 
 def template_matches(template: str, uri: str) -> bool:
     """Whether `uri` could be an expansion of the URI template `template`."""
-    pattern = _template_pattern(template)
-    return pattern is not None and pattern.fullmatch(uri) is not None
+    return _Listed([{"uriTemplate": template}], KEY[TEMPLATES]).matches(uri)
 
 
 # -- what sessions hear ----------------------------------------------------------------------------------

@@ -104,6 +104,39 @@ async def test_a_read_stops_at_its_owner_and_asks_a_list_not_known_only_when_it_
     assert await owners.resource_owner(everyone, table, "nobody://x") is None
 
 
+async def test_a_templated_read_stops_at_the_first_server_whose_template_matches() -> None:
+    owners = surfaces.Surfaces(Catalog())
+    a, b, c = _server("a", known=True), _server("b"), _server("c")
+    a.surfaces["resourceTemplates"] = [{"uriTemplate": "any://{+path}", "name": "all"}]
+    c.surfaces["resourceTemplates"].append({"uriTemplate": "any://{+path}", "name": "all"})
+    table: dict[str, Upstream] = {"a": a, "b": b, "c": c}
+    everyone = Principal("all", (Grant("all", "p.toml", allow=("*.*",)),))
+    # b's and c's resource lists are asked for (a URI no server lists), their templates never: a's matched first.
+    assert await owners.resource_owner(everyone, table, "any://x/y") is a
+    assert b.asked == c.asked == 1
+    assert await owners.resource_owner(everyone, table, "b://item/7/data") is b
+    assert await owners.resource_owner(everyone, table, "c://item/7/data") is c
+
+
+async def test_thousands_of_templates_match_as_one_does(rig: Rig) -> None:
+    # Two servers of 1,500 templates each (3,000 patterns: more than were ever kept compiled at once), sharing heads
+    # so that one head holds many templates, and with heads that are prefixes of others'.
+    for name in ("a", "b"):
+        rig.servers[name].surfaces["resourceTemplates"] = [
+            *({"uriTemplate": f"{name}://kind{index}/{{id}}/data{{?q}}", "name": "t"} for index in range(1500)),
+            {"uriTemplate": f"{name}://{{kind}}", "name": "short"},
+            {"uriTemplate": f"{name}:/p{{/path*}}", "name": "path"}]
+    for uri, owner in (("b://kind1499/7/data?q=1", "b"), ("a://kind0/7/data", "a"), ("b://kind3", "b"),
+                       ("a:/p/x/y", "a"), ("b://kind1499/7/8/data", None), ("c://kind1/7/data", None)):
+        for _ in range(2):  # the first read makes the patterns it needs, the second uses them
+            answer = await rig.request(EVERYTHING, "resources/read", {"uri": uri})
+            assert ("result" in answer) is (owner is not None), uri
+        if owner is not None:
+            assert rig.servers[owner].received[-2:] == [("surface", "resources/read", {"uri": uri})] * 2
+        else:
+            assert answer["error"]["code"] == -32602
+
+
 async def test_known_lists_are_looked_up_not_asked_for_and_a_new_list_is_seen(tmp_path: Path) -> None:
     async with in_memory_gateway(tmp_path / "audit.jsonl") as (gateway, audit):
         a, b = _server("a", known=True), _server("b", known=True)
@@ -271,6 +304,10 @@ async def test_updates_reach_only_subscribed_sessions_that_may_still_read(rig: R
     ("search://q{?term,limit}", "search://q?term=x&limit=2", True),
     ("x://{a}", "y://b", False),
     ("x://{broken", "x://{broken", False),
+    ("x://a}b/{id}", "x://a}b/7", True),
+    ("{+whole}", "anything:at/all", True),
+    ("x://{{id}", "x://{7", True),
+    ("x://{.ext}", "x://.json", True),
 ])
 def test_template_matching(template: str, uri: str, matches: bool) -> None:
     assert surfaces.template_matches(template, uri) is matches
