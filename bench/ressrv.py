@@ -1,20 +1,25 @@
-"""An MCP stdio child for bench.scale's resources target: `RESSRV_ITEMS` (default 100) resources `res://item/N`.
+"""An MCP stdio child for bench.scale's resources target: `RESSRV_ITEMS` (default 100) resources `res://item/N`, and
+as many templates `SCHEME://kindN/{id}` (`RESSRV_SCHEME`, default `tmpl`).
 
-Answers the handshake, empty tool, template and prompt lists, its resource list in one page, and `resources/read`
-of any of its URIs; anything else is "method not found". Standard library only, one request a line, answered in
-order. Run as a file (`python3 bench/ressrv.py`): the installed copies the bench runs on do not have the checkout's
-`bench` package.
+Answers the handshake, empty tool and prompt lists, its resource and template lists in one page each, and
+`resources/read` of any of its URIs or of any expansion of its templates; anything else is "method not found".
+Standard library only, one request a line, answered in order. Run as a file (`python3 bench/ressrv.py`): the
+installed copies the bench runs on do not have the checkout's `bench` package.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any
 
 ITEMS = int(os.environ.get("RESSRV_ITEMS", "100"))
 URIS = [f"res://item/{index}" for index in range(ITEMS)]
+SCHEME = os.environ.get("RESSRV_SCHEME", "tmpl")
+TEMPLATES = [f"{SCHEME}://kind{index}/{{id}}" for index in range(ITEMS)]
+EXPANSION = re.compile(re.escape(SCHEME) + r"://kind(\d+)/[^/?#]+")
 
 
 def answer(method: str, params: dict[str, Any]) -> dict[str, Any] | None:
@@ -24,13 +29,21 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any] | None:
                 "capabilities": {"resources": {}}, "serverInfo": {"name": "ressrv", "version": "0"}}
     if method == "ping":
         return {}
-    if method in ("tools/list", "prompts/list", "resources/templates/list"):
-        return {{"tools/list": "tools", "prompts/list": "prompts"}.get(method, "resourceTemplates"): []}
+    if method in ("tools/list", "prompts/list"):
+        return {method.split("/")[0]: []}
+    if method == "resources/templates/list":
+        return {"resourceTemplates": [{"uriTemplate": template, "name": "kind"} for template in TEMPLATES]}
     if method == "resources/list":
         return {"resources": [{"uri": uri, "name": uri.rsplit("/", 1)[1]} for uri in URIS]}
-    if method == "resources/read" and params.get("uri") in URIS:
-        return {"contents": [{"uri": params["uri"], "mimeType": "text/plain", "text": "ok"}]}
+    uri = params.get("uri")
+    if method == "resources/read" and isinstance(uri, str) and (uri in URIS or _expands(uri)):
+        return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": "ok"}]}
     return None
+
+
+def _expands(uri: str) -> bool:
+    match = EXPANSION.fullmatch(uri)
+    return match is not None and int(match.group(1)) < ITEMS
 
 
 def main() -> int:

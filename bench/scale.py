@@ -17,9 +17,10 @@ loopback only, with its goal judged at the end:
   order, an MCP `tools/call` of `echo` (found by looking through the others first) at 8 in flight against a daemon
   with the echo server alone, alternating pairs: calls/s and server CPU a call. No goal of its own: the `tools`
   goal's "per-call figures unchanged" for tool names without a prefix.
-- `resources`: 20 MCP servers listing 100 resources each (`bench/ressrv.py`), a `resources/read` of the last one's
-  last URI at 8 in flight against a daemon with that server alone, alternating pairs: calls/s and server CPU a
-  call. No goal of its own: what finding a resource's server costs as servers and resources grow.
+- `resources`: 20 MCP servers listing 100 resources and 100 templates each (`bench/ressrv.py`, each server's
+  templates its own), a `resources/read` of a listed URI and one of a URI only the last server's last template
+  matches, at 8 in flight against a daemon with one such server alone, alternating pairs: calls/s and server CPU a
+  call. No goal of its own: what finding a resource's server costs as servers, resources and templates grow.
 - `children`: a child per MCP session (`isolation = "session"`), 100 sessions: each session's first call (which
   spawns its child) against its second, and the memory of the children and of the daemon. No goal in the issue:
   the figures are for sizing.
@@ -400,11 +401,13 @@ class _ReadTarget(SseTarget):
 
 
 def _resources_config(config_dir: Path, servers: int) -> str:
-    """`servers` resource servers (r00, r01, …), each listing RESOURCES_EACH resources: the token."""
+    """`servers` resource servers (r00, r01, …), each listing RESOURCES_EACH resources and as many templates of its
+    own scheme (t00, t01, …): the token."""
     token = write_config(config_dir)
     for index in range(servers):
         (config_dir / "tools.d" / f"r{index:02d}.toml").write_text(
-            f'command = ["python3", "{RESSRV}"]\nenv = {{ RESSRV_ITEMS = "{RESOURCES_EACH}" }}\n')
+            f'command = ["python3", "{RESSRV}"]\n'
+            f'env = {{ RESSRV_ITEMS = "{RESOURCES_EACH}", RESSRV_SCHEME = "t{index:02d}" }}\n')
     (config_dir / "policies" / "roles.toml").write_text(f'[roles.{ROLE}]\nallow = ["*.*"]\n')
     return token
 
@@ -418,27 +421,36 @@ async def resources(root: Path, python: Path) -> dict[str, Any]:
             daemon = _daemon(config_dir, python)
             started[name] = (daemon, await daemon.start(), token)
         async with client_session(LOAD_CONCURRENCY) as http:
-            targets = {}
+            targets: dict[str, dict[str, _ReadTarget]] = {"listed": {}, "templated": {}}
             for name, (daemon, url, token) in started.items():
-                # Every server lists the same URIs: the first in name order owns them, after every list is read.
-                target = _ReadTarget(name, http, url, token, daemon.pid, f"res://item/{RESOURCES_EACH - 1}")
-                await target.open_session()
-                await target.call()  # starts the children and reads their lists
-                targets[name] = target
+                last = RESOURCE_SERVERS - 1 if name == "many" else 0
+                # Every server lists the same URIs: the first in name order owns them. A templated URI only the
+                # last server's last template matches is looked for in every server's lists first.
+                for kind, uri in (("listed", f"res://item/{RESOURCES_EACH - 1}"),
+                                  ("templated", f"t{last:02d}://kind{RESOURCES_EACH - 1}/42")):
+                    target = targets[kind][name] = _ReadTarget(name, http, url, token, daemon.pid, uri)
+                    await target.open_session()
+                    await target.call()  # starts the children and reads their lists
             pairs = []
             for pair in range(BARE_PAIRS):
                 order = ["one", "many"] if pair % 2 == 0 else ["many", "one"]
-                pairs.append({name: await _load(targets[name]) for name in order})
+                pairs.append({kind: {name: await _load(targets[kind][name]) for name in order}
+                              for kind in targets})
     finally:
         for daemon, _, _ in started.values():
             await daemon.stop()
-    return {
-        "servers": RESOURCE_SERVERS, "resources_each": RESOURCES_EACH,
-        "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
-                   for name, (rate, cpu) in pair.items()} for pair in pairs],
-        "calls_per_s_many_over_one": round(statistics.median(p["many"][0] / p["one"][0] for p in pairs), 3),
-        "server_cpu_many_over_one": round(statistics.median(p["many"][1] / p["one"][1] for p in pairs), 3),
-    }
+    record: dict[str, Any] = {"servers": RESOURCE_SERVERS, "resources_each": RESOURCES_EACH,
+                              "templates_each": RESOURCES_EACH}
+    for kind in ("listed", "templated"):
+        record[kind] = {
+            "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
+                       for name, (rate, cpu) in pair[kind].items()} for pair in pairs],
+            "calls_per_s_many_over_one": round(
+                statistics.median(p[kind]["many"][0] / p[kind]["one"][0] for p in pairs), 3),
+            "server_cpu_many_over_one": round(
+                statistics.median(p[kind]["many"][1] / p[kind]["one"][1] for p in pairs), 3),
+        }
+    return record
 
 
 # -- a child per session -------------------------------------------------------------------------
