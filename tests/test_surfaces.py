@@ -92,6 +92,50 @@ async def test_what_each_client_may_use_is_its_own_and_a_reloaded_server_table_i
         "a://doc", "shared://x"]
 
 
+async def test_a_list_answer_is_kept_until_what_it_was_made_from_changes(caplog: pytest.LogCaptureFixture) -> None:
+    owners = surfaces.Surfaces(Catalog())
+    a, b = _server("a", known=True), _server("b", known=True)
+    table: dict[str, Upstream] = {"a": a, "b": b}
+    with caplog.at_level("WARNING", logger="gatewayd.surfaces"):
+        first = await owners.list(EVERYTHING, table, "resources/list")
+        assert await owners.list(EVERYTHING, table, "resources/list") is first
+        # b's shared://x left out once, not once a call.
+        assert sum("also lists 'shared://x'" in r.getMessage() for r in caplog.records) == 1
+        with pytest.raises(TypeError):
+            first["resources"].append({"uri": "x://y"})
+        assert [r["uri"] for r in (await owners.list(SOME, table, "resources/list"))["resources"]] == [
+            "b://doc", "shared://x"]
+        assert await owners.list(EVERYTHING, table, "resources/list") is first, "another client's is its own"
+        b.surfaces["resources"] = [{"uri": "b://new", "name": "new"}]  # the child said its list changed
+        changed = await owners.list(EVERYTHING, table, "resources/list")
+        assert [r["uri"] for r in changed["resources"]] == ["a://doc", "shared://x", "b://new"]
+        reloaded = await owners.list(EVERYTHING, dict(table), "resources/list")
+        assert reloaded is not changed and reloaded == changed
+        assert await owners.list(EVERYTHING, table, "prompts/list") is await owners.list(
+            EVERYTHING, table, "prompts/list")
+
+
+async def test_a_server_that_cannot_list_is_asked_again_on_the_next_list() -> None:
+    owners = surfaces.Surfaces(Catalog())
+    broken = _server("b")
+    table: dict[str, Upstream] = {"a": _server("a", known=True), "b": broken}
+    del broken.surfaces["resources"]
+
+    async def fails(kind: str) -> list[dict[str, Any]]:
+        broken.asked += 1
+        if kind not in broken.surfaces:
+            raise RuntimeError("the child is not answering")
+        return broken.surfaces[kind]
+
+    broken.surface = fails  # type: ignore[method-assign]
+    assert [r["uri"] for r in (await owners.list(EVERYTHING, table, "resources/list"))["resources"]] == [
+        "a://doc", "shared://x"]
+    broken.surfaces["resources"] = [{"uri": "b://back", "name": "back"}]
+    assert [r["uri"] for r in (await owners.list(EVERYTHING, table, "resources/list"))["resources"]] == [
+        "a://doc", "shared://x", "b://back"]
+    assert broken.asked == 2
+
+
 async def test_a_read_stops_at_its_owner_and_asks_a_list_not_known_only_when_it_gets_there() -> None:
     owners = surfaces.Surfaces(Catalog())
     a, b, c = _server("a", known=True), _server("b"), _server("c")
