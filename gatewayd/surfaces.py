@@ -77,8 +77,6 @@ MAX_KEPT_USABLE = 1024
 # (principal, list method) whose last answer is kept (`Surfaces.list`); all let go at once past this many.
 MAX_KEPT_ANSWERS = 1024
 
-# Servers a principal may use for a grant, in name order (`Surfaces._usable`).
-Usable = list[Upstream]
 # Whose share of a server's slots the gateway's own subscription calls take.
 SUBSCRIPTIONS = Delivery("gatewayd:subscriptions")
 # Each kept list, by id, with its valid items (`_valid`).
@@ -301,17 +299,21 @@ class Surfaces:
         # Kept with its principal, so that the id cannot be another's meanwhile.
         if kept is not None and kept[0] is principal:
             return kept[1]
-        usable = [servers[name] for name in sorted(servers) if _may_use(principal, name, grant)]
+        usable = Usable([servers[name] for name in sorted(servers) if _may_use(principal, name, grant)])
         self._usable_memo[key] = (principal, usable)
         return usable
 
     async def _prompt_owner(self, principal: Principal, servers: Mapping[str, Upstream],
                             name: str) -> tuple[Upstream, str] | None:
-        """(server, its own name of the prompt) for a prompt name as `list` shows it to this principal."""
+        """(server, its own name of the prompt) for a prompt name as `list` shows it to this principal. Every server
+        without a prefix may have it: each is passed over by its name and its known list (deciding whether the
+        client may use it, and a coroutine to take its list, cost ~5.6 µs a server passed)."""
+        usable = self._usable(principal, servers, GET).names
         for server, own in self.catalog.prompt_candidates(name, servers):
-            if not _may_use(principal, server.name, GET):
+            if server.name not in usable:
                 continue
-            [prompts] = await _gather([server], PROMPTS)
+            known = server.surface_known(PROMPTS)
+            [prompts] = [_valid(known, PROMPTS)] if known is not None else await _gather([server], PROMPTS)
             if own in prompts.named:
                 return server, own
         return None
@@ -364,6 +366,16 @@ def unknown(call: Call) -> GatewayError:
 
 def _may_use(principal: Principal, server: str, grant: str) -> bool:
     return policy.may_call(principal, f"{server}.{grant}") is not Decision.DENY
+
+
+class Usable(list[Upstream]):
+    """The servers a principal may use for a grant, in name order, and their names (`Surfaces._usable`)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, servers: list[Upstream]) -> None:
+        super().__init__(servers)
+        self.names = frozenset(server.name for server in servers)
 
 
 class _Listed(list[dict[str, Any]]):

@@ -181,6 +181,21 @@ async def test_thousands_of_templates_match_as_one_does(rig: Rig) -> None:
             assert answer["error"]["code"] == -32602
 
 
+async def test_a_prompt_of_servers_without_a_prefix_goes_to_the_first_usable_one_that_lists_it() -> None:
+    owners = surfaces.Surfaces(Catalog())
+    hidden, known, later = (Scripted(name, [], exposed="", known=name != "c") for name in ("a", "b", "c"))
+    for server in (hidden, known, later):
+        server.surfaces = {"prompts": [{"name": "greet"}, {"name": f"only_{server.name}"}]}
+    table: dict[str, Upstream] = {"a": hidden, "b": known, "c": later}
+    client = Principal("bc", (Grant("bc", "p.toml", allow=("b.*", "c.*")),))
+    for _ in range(2):
+        assert await owners._prompt_owner(client, table, "greet") == (known, "greet")
+    assert later.asked == 0, "a list not known is asked for only when the search gets to it"
+    assert await owners._prompt_owner(client, table, "only_a") is None, "a server it may not use has none"
+    assert await owners._prompt_owner(client, table, "only_c") == (later, "only_c")
+    assert later.asked == 2 and hidden.asked == known.asked == 0
+
+
 async def test_known_lists_are_looked_up_not_asked_for_and_a_new_list_is_seen(tmp_path: Path) -> None:
     async with in_memory_gateway(tmp_path / "audit.jsonl") as (gateway, audit):
         a, b = _server("a", known=True), _server("b", known=True)
