@@ -280,7 +280,8 @@ class Encoded(dict[str, Any]):
     is made on its first answer and kept, so that each later answer only splices its own id in front (`dumps`;
     encoding it took 4-6 ms). Read as any dict; refuses to be changed, since its text would no longer say what it
     holds (the lists it is given as ReadOnlyList likewise). Whoever keeps one makes a new one when what it was
-    made from changes (catalog.py). Results made from it (a page, the modern era's form) are kept with it too."""
+    made from changes (catalog.py, surfaces.py). Results made from it (a page, the modern era's form) are kept
+    with it too."""
 
     __slots__ = ("_tail", "_derived")
 

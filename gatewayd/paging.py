@@ -5,7 +5,8 @@ Owns the page size (setting `list_page_size`), the cursor format, and checking a
 for the client's principal, in its deterministic order (catalog.py, surfaces.py, tasks.py), and then cut: a
 page holds up to `size` items from where the cursor says, and carries `nextCursor` when more follow. A list that
 fits in one page is answered as it was made, with no work added. The pages of a list kept whole between requests
-(jsonrpc.Encoded: `tools/list`) are kept with it, so that each is cut and encoded once.
+(jsonrpc.Encoded: `tools/list`, and the resources, templates and prompts lists) are kept with it, so that
+each is cut and encoded once.
 
 A cursor is opaque to clients: 28 bytes, base64url — where the next page starts, a digest of the identity (name,
 URI, template or task id) of the last item the client was given, and an HMAC, under a key made at start, over
