@@ -112,7 +112,8 @@ class Surfaces:
         # new table lets the old one (and its servers) go.
         self._usable_of: Mapping[str, Upstream] | None = None
         self._usable_memo: dict[tuple[int, str], tuple[Principal, Usable]] = {}
-        # Each principal's last answer to each list method, with what it was made from (`list`).
+        # Each principal's last answer to each list method, with what it was made from (`list`), for the server
+        # table `_usable_of` only.
         self._answers: dict[tuple[int, str], tuple[Principal, Mapping[str, Upstream], tuple[int, ...], list[_Listed],
                                                    Encoded]] = {}
 
@@ -291,9 +292,13 @@ class Surfaces:
         """The servers, in name order, whose `grant` the principal has (by name: argument rules come at the call),
         made once per principal and server table: deciding it takes 3–6 µs a server, on every `resources/read`.
         Read, never changed."""
-        if servers is not self._usable_of or len(self._usable_memo) >= MAX_KEPT_USABLE:
+        if servers is not self._usable_of:
+            # A reload's new table: what was made for the old one (and its servers) is let go.
             self._usable_memo.clear()
+            self._answers.clear()
             self._usable_of = servers
+        elif len(self._usable_memo) >= MAX_KEPT_USABLE:
+            self._usable_memo.clear()
         key = (id(principal), grant)
         kept = self._usable_memo.get(key)
         # Kept with its principal, so that the id cannot be another's meanwhile.
