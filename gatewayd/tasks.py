@@ -26,6 +26,8 @@ soon as `tasks/result` has answered or `tasks/cancel` ended it. Does not own the
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import secrets
 import time
 from collections.abc import Callable
@@ -66,6 +68,9 @@ MAX_ID_CHARS = 256
 # task's status before the gateway has handled the CreateTaskResult that came just before it.
 MAX_EARLY = 256
 EARLY_KEEP = 10.0
+# The expiry heap is rebuilt from the live entries once it holds this many times as many items as there are entries
+# (a task dropped early, by its result or its cancel, leaves its item until its time would have come).
+HEAP_SLACK = 2
 
 # The client's principal now (None: removed by a reload).
 Principals = Callable[[str], Principal | None]
@@ -111,7 +116,13 @@ class Tasks:
     def __init__(self) -> None:
         self._by_id: dict[str, Entry] = {}
         self._by_child: dict[tuple[str, str], str] = {}
-        self._per_client: dict[str, int] = {}
+        # Each client's entries, oldest first: its count, and its `tasks/list`, without looking at anyone else's.
+        self._of_client: dict[str, dict[str, Entry]] = {}
+        # (expires, order, id), soonest first: what has expired is found without looking at every entry (4,000
+        # entries took ~107 µs a look, twice on every task-augmented call). An item whose entry is gone, or whose
+        # entry expires at another time now, is passed over.
+        self._expiry: list[tuple[float, int, str]] = []
+        self._order = itertools.count()
         # (server, child's id) → (when, the status notification's params), oldest first.
         self._early: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
 
@@ -121,7 +132,7 @@ class Tasks:
     def admit(self, client: str) -> None:
         """Raise Overloaded when `client` (or everyone) holds as many tasks as the table takes."""
         self._expire()
-        if self._per_client.get(client, 0) >= MAX_TASKS_PER_CLIENT:
+        if len(self._of_client.get(client, ())) >= MAX_TASKS_PER_CLIENT:
             raise Overloaded(f"this client holds {MAX_TASKS_PER_CLIENT} tasks: wait for some to end, or cancel them",
                              {"max_tasks_per_client": MAX_TASKS_PER_CLIENT})
         if len(self._by_id) >= MAX_TASKS:
@@ -136,7 +147,8 @@ class Tasks:
                       arguments, task, time.monotonic() + _ttl(task))
         self._by_id[entry.id] = entry
         self._by_child[(server, entry.child_id)] = entry.id
-        self._per_client[client] = self._per_client.get(client, 0) + 1
+        self._of_client.setdefault(client, {})[entry.id] = entry
+        self._expires_at(entry)
         self.seen(entry, task)
         early = self._early.pop((server, entry.child_id), None)
         if early is not None and early[0] + EARLY_KEEP > time.monotonic():
@@ -161,7 +173,10 @@ class Tasks:
         entry.task = {key: value for key, value in task.items() if key not in ("result", "_meta")}
         if task.get("status") in TERMINAL and not entry.terminal:
             entry.terminal = True
-            entry.expires = min(entry.expires, time.monotonic() + TERMINAL_KEEP)
+            soon = time.monotonic() + TERMINAL_KEEP
+            if soon < entry.expires:
+                entry.expires = soon
+                self._expires_at(entry)
 
     def answered(self, entry: Entry, method: str, result: Any) -> Any:
         """What the client is answered for a follow-up `method` the child answered with `result`."""
@@ -180,19 +195,18 @@ class Tasks:
         if self._by_id.pop(entry.id, None) is None:
             return
         self._by_child.pop((entry.server, entry.child_id), None)
-        left = self._per_client.get(entry.client, 0) - 1
-        if left > 0:
-            self._per_client[entry.client] = left
-        else:
-            self._per_client.pop(entry.client, None)
+        own = self._of_client.get(entry.client)
+        if own is not None:
+            own.pop(entry.id, None)
+            if not own:
+                del self._of_client[entry.client]
 
     def listed(self, principal: Principal, servers: Any) -> dict[str, Any]:
         """The answer to `tasks/list`: the client's own tasks, on servers it still has, whose tools it may still
         call, newest last, with the status last seen."""
         self._expire()
-        tasks = [{**entry.task, "taskId": entry.id} for entry in self._by_id.values()
-                 if entry.client == principal.name and entry.server in servers
-                 and policy.may_call(principal, entry.canonical) is not Decision.DENY]
+        tasks = [{**entry.task, "taskId": entry.id} for entry in self._of_client.get(principal.name, {}).values()
+                 if entry.server in servers and policy.may_call(principal, entry.canonical) is not Decision.DENY]
         return {"tasks": tasks}
 
     def tell(self, server: str, message: dict[str, Any], principals: Principals | None = None) -> None:
@@ -223,10 +237,20 @@ class Tasks:
                 return
         session.push({"jsonrpc": "2.0", "method": STATUS, "params": {**params, "taskId": entry.id}})
 
+    def _expires_at(self, entry: Entry) -> None:
+        if len(self._expiry) >= HEAP_SLACK * len(self._by_id) + MAX_TASKS_PER_CLIENT:
+            self._expiry = [(each.expires, next(self._order), each.id) for each in self._by_id.values()
+                            if each is not entry]
+            heapq.heapify(self._expiry)
+        heapq.heappush(self._expiry, (entry.expires, next(self._order), entry.id))
+
     def _expire(self) -> None:
         now = time.monotonic()
-        for entry in [entry for entry in self._by_id.values() if entry.expires <= now]:
-            self.drop(entry)
+        while self._expiry and self._expiry[0][0] <= now:
+            expires, _, task_id = heapq.heappop(self._expiry)
+            entry = self._by_id.get(task_id)
+            if entry is not None and entry.expires == expires:
+                self.drop(entry)
 
 
 def _ttl(task: dict[str, Any]) -> float:

@@ -7,6 +7,7 @@ clients that must see only their own tasks, under the gateway's ids, never the c
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,45 @@ async def test_an_entry_lives_for_the_tasks_ttl(rig: Rig) -> None:
     assert entry is not None
     entry.expires = 0.0  # its 1 ms have passed
     assert (await rig.request(ALICE, "tasks/get", {"taskId": task_id}))["error"]["code"] == -32602
+
+
+def _created(table: tasks.Tasks, client: str, ttl_ms: int, status: str = "working") -> str:
+    made = table.created("s", "tool", {}, client, None, {}, {"taskId": f"child-{len(table)}-{ttl_ms}", "status": status,
+                                                               "ttl": ttl_ms})
+    return str(made["task"]["taskId"])
+
+
+async def test_expired_entries_go_among_thousands_that_live_on() -> None:
+    table = tasks.Tasks()
+    for index in range(3000):
+        _created(table, f"c{index % 60}", 3_600_000)
+    short = [_created(table, "brief", 1) for _ in range(5)]
+    ended = _created(table, "brief", 3_600_000, status="completed")  # terminal: kept TERMINAL_KEEP, not an hour
+    assert len(table) == 3006
+
+    def admitted() -> bool:
+        table.admit("someone")
+        return len(table) == 3001
+
+    await eventually(admitted, what="the five 1 ms tasks expired")
+    assert all(table.find("brief", task_id) is None for task_id in short)
+    entry = table.find("brief", ended)
+    assert entry is not None and entry.expires <= time.monotonic() + tasks.TERMINAL_KEEP
+    listed = table.listed(Principal("c7", (Grant("r", "p.toml", allow=("s.*",)),)), {"s": None})
+    assert len(listed["tasks"]) == 50 and all(task["taskId"].startswith(tasks.ID_PREFIX) for task in listed["tasks"])
+
+
+def test_tasks_ended_early_do_not_pile_up_in_the_expiry_order() -> None:
+    table = tasks.Tasks()
+    lasting = [_created(table, "keeper", 3_600_000) for _ in range(10)]
+    for _ in range(20_000):  # made and fetched at once, each leaving an hour's expiry behind
+        task_id = _created(table, "busy", 3_600_000)
+        entry = table.find("busy", task_id)
+        assert entry is not None
+        table.drop(entry)
+    assert len(table) == 10
+    assert len(table._expiry) <= tasks.HEAP_SLACK * len(table) + tasks.MAX_TASKS_PER_CLIENT + 1
+    assert [table.find("keeper", task_id) is not None for task_id in lasting] == [True] * 10
 
 
 async def test_the_status_notification_reaches_only_the_creating_session(rig: Rig) -> None:
