@@ -210,9 +210,8 @@ class Surfaces:
         two servers list) logged once, not on every call (20 servers listing the same 100 URIs: 27 ms and 1,900
         warnings a `resources/list`)."""
         kind = LISTS[method]
-        visible = [*self._usable(principal, servers, GRANT[kind])]
-        if kind == PROMPTS:
-            visible.sort(key=listing_order)
+        usable = self._usable(principal, servers, GRANT[kind])
+        visible = sorted(usable, key=listing_order) if kind == PROMPTS else usable
         listed = await _gather(visible, kind)
         made = tuple(map(id, listed))
         kept = self._answers.get((id(principal), method))
@@ -317,8 +316,9 @@ class Surfaces:
         for server, own in self.catalog.prompt_candidates(name, servers):
             if server.name not in usable:
                 continue
-            known = server.surface_known(PROMPTS)
-            [prompts] = [_valid(known, PROMPTS)] if known is not None else await _gather([server], PROMPTS)
+            prompts = _known(server, PROMPTS)
+            if prompts is None:
+                [prompts] = await _gather([server], PROMPTS)
             if own in prompts.named:
                 return server, own
         return None
@@ -405,20 +405,22 @@ class _Listed(list[dict[str, Any]]):
 async def _gather(servers: list[Upstream], kind: str) -> list[_Listed]:
     """Each server's list of `kind` (valid items only); a server that cannot say lists nothing, with a warning.
     Lists known without waiting are taken as they are: only the others are asked, together (a task each)."""
-    known = [server.surface_known(kind) for server in servers]
+    known = [_known(server, kind) for server in servers]
     asking = [server for server, listed in zip(servers, known, strict=True) if listed is None]
     answers = iter(await asyncio.gather(*(server.surface(kind) for server in asking), return_exceptions=True)
                    if asking else ())
     out: list[_Listed] = []
     for server, listed in zip(servers, known, strict=True):
-        result = next(answers) if listed is None else listed
-        if isinstance(result, BaseException):
-            if not isinstance(result, Exception):
-                raise result
-            logger.warning("server=%s %s left out: %s", server.name, kind, result)
-            out.append(_Listed([], KEY[kind]))
-            continue
-        out.append(_valid(result, kind))
+        if listed is None:
+            result = next(answers)
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                logger.warning("server=%s %s left out: %s", server.name, kind, result)
+                listed = _Listed([], KEY[kind])  # a new one each time: an answer made of it is made again
+            else:
+                listed = _valid(result, kind)
+        out.append(listed)
     return out
 
 
@@ -427,16 +429,22 @@ async def _first_having(servers: list[Upstream], kind: str, has: Callable[[_List
     the search ends at the first that has it; from the first list not known, the rest are asked together, as
     `_gather` asks."""
     for at, server in enumerate(servers):
-        known = server.surface_known(kind)
+        known = _known(server, kind)
         if known is None:
             rest = servers[at:]
             for later, listed in zip(rest, await _gather(rest, kind), strict=True):
                 if has(listed):
                     return later
             return None
-        if has(_valid(known, kind)):
+        if has(known):
             return server
     return None
+
+
+def _known(server: Upstream, kind: str) -> _Listed | None:
+    """`server`'s valid list of `kind` when it is known without waiting (`surface_known`), else None."""
+    listed = server.surface_known(kind)
+    return None if listed is None else _valid(listed, kind)
 
 
 def _valid(listed: list[Any], kind: str) -> _Listed:

@@ -68,9 +68,11 @@ MAX_ID_CHARS = 256
 # task's status before the gateway has handled the CreateTaskResult that came just before it.
 MAX_EARLY = 256
 EARLY_KEEP = 10.0
-# The expiry heap is rebuilt from the live entries once it holds this many times as many items as there are entries
-# (a task dropped early, by its result or its cancel, leaves its item until its time would have come).
+# The expiry heap is rebuilt from the live entries once it holds this many times as many items as there are entries,
+# and at least HEAP_FLOOR (a task dropped early, by its result or its cancel, leaves its item until its time would
+# have come).
 HEAP_SLACK = 2
+HEAP_FLOOR = 64
 
 # The client's principal now (None: removed by a reload).
 Principals = Callable[[str], Principal | None]
@@ -238,7 +240,7 @@ class Tasks:
         session.push({"jsonrpc": "2.0", "method": STATUS, "params": {**params, "taskId": entry.id}})
 
     def _expires_at(self, entry: Entry) -> None:
-        if len(self._expiry) >= HEAP_SLACK * len(self._by_id) + MAX_TASKS_PER_CLIENT:
+        if len(self._expiry) >= HEAP_SLACK * max(len(self._by_id), HEAP_FLOOR):
             self._expiry = [(each.expires, next(self._order), each.id) for each in self._by_id.values()
                             if each is not entry]
             heapq.heapify(self._expiry)
