@@ -51,13 +51,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -178,6 +179,46 @@ async def _load(target: Target) -> tuple[float, float]:
             statistics.median(r.server_cpu_us_per_call for r in rounds))
 
 
+# One load's calls/s and server CPU µs a call, by side ("one": the daemon with one client or server, "many").
+Pair = dict[str, tuple[float, float]]
+
+
+@contextlib.asynccontextmanager
+async def _daemons(python: Path, configs: dict[str, tuple[Path, str]],
+                   *extra: str) -> AsyncIterator[dict[str, tuple[ServerProcess, str, str]]]:
+    """A daemon on each written config (name → its directory and client token), started in order: name → (daemon,
+    URL, token). Every one started is stopped at the end."""
+    started: dict[str, tuple[ServerProcess, str, str]] = {}
+    try:
+        for name, (config_dir, token) in configs.items():
+            daemon = _daemon(config_dir, python, *extra)
+            started[name] = (daemon, await daemon.start(), token)
+        yield started
+    finally:
+        for daemon, _, _ in started.values():
+            await daemon.stop()
+
+
+async def _alternating(one: Target, many: Target, count: int) -> list[Pair]:
+    """`count` pairs of loads (`_load`) of the two targets, the order flipped every pair, so that a slow phase of the
+    machine hits both alike."""
+    pairs = []
+    for pair in range(count):
+        order = (("one", one), ("many", many)) if pair % 2 == 0 else (("many", many), ("one", one))
+        pairs.append({name: await _load(target) for name, target in order})
+    return pairs
+
+
+def _paired(pairs: list[Pair]) -> dict[str, Any]:
+    """The record of alternating pairs: each load's figures, and the medians of the pairs' many ÷ one."""
+    return {
+        "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
+                   for name, (rate, cpu) in pair.items()} for pair in pairs],
+        "calls_per_s_many_over_one": round(statistics.median(p["many"][0] / p["one"][0] for p in pairs), 3),
+        "server_cpu_many_over_one": round(statistics.median(p["many"][1] / p["one"][1] for p in pairs), 3),
+    }
+
+
 # -- sessions and clients ------------------------------------------------------------------------
 
 
@@ -202,58 +243,42 @@ async def _bounded(jobs: list[Any], limit: int) -> None:
 
 async def sessions(root: Path, python: Path) -> dict[str, Any]:
     alone_dir, config_dir = root / "sessions-alone", root / "sessions"
-    alone_token, token = write_config(alone_dir), write_config(config_dir)
+    configs = {"one": (alone_dir, write_config(alone_dir)), "many": (config_dir, write_config(config_dir))}
     limits = (f"--max-sessions={SESSIONS + 16}", f"--max-sessions-per-client={SESSIONS + 16}")
-    alone_daemon, daemon = _daemon(alone_dir, python, *limits), _daemon(config_dir, python, *limits)
-    started: list[ServerProcess] = []
-    try:
-        alone_url = await alone_daemon.start()
-        started.append(alone_daemon)
-        url = await daemon.start()
-        started.append(daemon)
-        async with client_session(OPENING_CONCURRENCY) as http:
-            alone = JsonTarget("alone", http, alone_url, alone_token, alone_daemon.pid)
-            direct = JsonTarget("direct", http, url, token, daemon.pid)
-            for target in (alone, direct):
-                await target.call()
-            tokens = _add_clients(config_dir, CLIENTS)
-            status, result = await AdminClient(config_dir / "gatewayd.sock").call("POST", "/reload")
-            if status != 200:
-                raise RuntimeError(f"reload failed: {result}")
-            rss_before = _rss_mb(daemon.pid)
-            opened = [SseTarget("sse", http, url, token, daemon.pid) for _ in range(SESSIONS)]
-            begun = time.perf_counter()
-            await _bounded([target.open_session() for target in opened], OPENING_CONCURRENCY)
-            sessions_s = time.perf_counter() - begun
-            rss_sessions = _rss_mb(daemon.pid)
-            begun = time.perf_counter()
-            await _bounded([ModernTarget("modern", http, url, each, daemon.pid).call() for each in tokens],
-                           OPENING_CONCURRENCY)
-            clients_s = time.perf_counter() - begun
-            rss_after = _rss_mb(daemon.pid)
-            pairs = []
-            for pair in range(SESSION_PAIRS):
-                order = (("one", alone), ("many", direct)) if pair % 2 == 0 else (("many", direct), ("one", alone))
-                pairs.append({name: await _load(target) for name, target in order})
-            # Every session still answers: one call on the first and the last.
-            for session in (opened[0], opened[-1]):
-                await session.call()
-    finally:
-        for each in started:
-            await each.stop()
-    ratio = statistics.median(p["many"][0] / p["one"][0] for p in pairs)
+    async with _daemons(python, configs, *limits) as started, client_session(OPENING_CONCURRENCY) as http:
+        alone, direct = (JsonTarget(name, http, url, token, daemon.pid)
+                         for name, (daemon, url, token) in (("alone", started["one"]), ("direct", started["many"])))
+        for target in (alone, direct):
+            await target.call()
+        daemon, url, token = started["many"]
+        tokens = _add_clients(config_dir, CLIENTS)
+        status, result = await AdminClient(config_dir / "gatewayd.sock").call("POST", "/reload")
+        if status != 200:
+            raise RuntimeError(f"reload failed: {result}")
+        rss_before = _rss_mb(daemon.pid)
+        opened = [SseTarget("sse", http, url, token, daemon.pid) for _ in range(SESSIONS)]
+        begun = time.perf_counter()
+        await _bounded([target.open_session() for target in opened], OPENING_CONCURRENCY)
+        sessions_s = time.perf_counter() - begun
+        rss_sessions = _rss_mb(daemon.pid)
+        begun = time.perf_counter()
+        await _bounded([ModernTarget("modern", http, url, each, daemon.pid).call() for each in tokens],
+                       OPENING_CONCURRENCY)
+        clients_s = time.perf_counter() - begun
+        rss_after = _rss_mb(daemon.pid)
+        pairs = await _alternating(alone, direct, SESSION_PAIRS)
+        # Every session still answers: one call on the first and the last.
+        for session in (opened[0], opened[-1]):
+            await session.call()
+    calls = _paired(pairs)
     return {
         "sessions": SESSIONS, "clients": CLIENTS, "open_sessions_s": round(sessions_s, 3),
         "first_calls_of_clients_s": round(clients_s, 3),
         "rss_mb": {"before": round(rss_before, 1), "with_sessions": round(rss_sessions, 1),
                    "with_sessions_and_clients": round(rss_after, 1)},
-        "calls_at_8": {"pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
-                                  for name, (rate, cpu) in pair.items()} for pair in pairs],
-                       "calls_per_s_many_over_one": round(ratio, 3),
-                       "server_cpu_many_over_one": round(
-                           statistics.median(p["many"][1] / p["one"][1] for p in pairs), 3)},
+        "calls_at_8": calls,
         "goals": {"rss_at_most_120MB": rss_after <= GOAL_SESSIONS_RSS_MB,
-                  "calls_within_10_percent": ratio >= 1 - GOAL_SESSIONS_SLOWDOWN},
+                  "calls_within_10_percent": calls["calls_per_s_many_over_one"] >= 1 - GOAL_SESSIONS_SLOWDOWN},
     }
 
 
@@ -363,36 +388,20 @@ def _bare_config(config_dir: Path, others: int) -> str:
 
 
 async def bare(root: Path, python: Path) -> dict[str, Any]:
-    daemons = {"one": (root / "bare-one", 0), "many": (root / "bare-many", SERVERS - 1)}
-    started: dict[str, tuple[ServerProcess, str, str]] = {}
-    try:
-        for name, (config_dir, others) in daemons.items():
-            token = _bare_config(config_dir, others)
-            daemon = _daemon(config_dir, python)
-            started[name] = (daemon, await daemon.start(), token)
-        async with client_session(LOAD_CONCURRENCY) as http:
-            targets = {}
-            for name, (daemon, url, token) in started.items():
-                target = SseTarget(name, http, url, token, daemon.pid)
-                target.body = wire.compact(wire.request("tools/call", {"name": wire.CHILD_METHOD,
-                                                                       "arguments": wire.ECHO_PARAMS}))
-                await target.open_session()
-                await target.call()  # starts the echo child
-                targets[name] = target
-            pairs = []
-            for pair in range(BARE_PAIRS):
-                order = ["one", "many"] if pair % 2 == 0 else ["many", "one"]
-                pairs.append({name: await _load(targets[name]) for name in order})
-    finally:
-        for daemon, _, _ in started.values():
-            await daemon.stop()
-    return {
-        "servers_before_it": SERVERS - 1,
-        "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
-                   for name, (rate, cpu) in pair.items()} for pair in pairs],
-        "calls_per_s_many_over_one": round(statistics.median(p["many"][0] / p["one"][0] for p in pairs), 3),
-        "server_cpu_many_over_one": round(statistics.median(p["many"][1] / p["one"][1] for p in pairs), 3),
-    }
+    configs = {name: (root / f"bare-{name}", _bare_config(root / f"bare-{name}", others))
+               for name, others in (("one", 0), ("many", SERVERS - 1))}
+    async with _daemons(python, configs) as started, client_session(LOAD_CONCURRENCY) as http:
+        targets = []
+        for name, (daemon, url, token) in started.items():
+            target = SseTarget(name, http, url, token, daemon.pid)
+            target.body = wire.compact(wire.request("tools/call", {"name": wire.CHILD_METHOD,
+                                                                   "arguments": wire.ECHO_PARAMS}))
+            await target.open_session()
+            await target.call()  # starts the echo child
+            targets.append(target)
+        one, many = targets
+        pairs = await _alternating(one, many, BARE_PAIRS)
+    return {"servers_before_it": SERVERS - 1, **_paired(pairs)}
 
 
 class _ReadTarget(SseTarget):
@@ -426,43 +435,24 @@ def _resources_config(config_dir: Path, servers: int) -> str:
 
 
 async def resources(root: Path, python: Path) -> dict[str, Any]:
-    daemons = {"one": (root / "resources-one", 1), "many": (root / "resources-many", RESOURCE_SERVERS)}
-    started: dict[str, tuple[ServerProcess, str, str]] = {}
-    try:
-        for name, (config_dir, count) in daemons.items():
-            token = _resources_config(config_dir, count)
-            daemon = _daemon(config_dir, python)
-            started[name] = (daemon, await daemon.start(), token)
-        async with client_session(LOAD_CONCURRENCY) as http:
-            targets: dict[str, dict[str, _ReadTarget]] = {"listed": {}, "templated": {}}
-            for name, (daemon, url, token) in started.items():
-                last = RESOURCE_SERVERS - 1 if name == "many" else 0
-                # Every server lists the same URIs: the first in name order owns them. A templated URI only the
-                # last server's last template matches is looked for in every server's lists first.
-                for kind, uri in (("listed", f"res://item/{RESOURCES_EACH - 1}"),
-                                  ("templated", f"t{last:02d}://kind{RESOURCES_EACH - 1}/42")):
-                    target = targets[kind][name] = _ReadTarget(name, http, url, token, daemon.pid, uri)
-                    await target.open_session()
-                    await target.call()  # starts the children and reads their lists
-            pairs = []
-            for pair in range(BARE_PAIRS):
-                order = ["one", "many"] if pair % 2 == 0 else ["many", "one"]
-                pairs.append({kind: {name: await _load(targets[kind][name]) for name in order}
-                              for kind in targets})
-    finally:
-        for daemon, _, _ in started.values():
-            await daemon.stop()
+    configs = {name: (root / f"resources-{name}", _resources_config(root / f"resources-{name}", count))
+               for name, count in (("one", 1), ("many", RESOURCE_SERVERS))}
     record: dict[str, Any] = {"servers": RESOURCE_SERVERS, "resources_each": RESOURCES_EACH,
                               "templates_each": RESOURCES_EACH}
-    for kind in ("listed", "templated"):
-        record[kind] = {
-            "pairs": [{name: {"calls_per_s": round(rate), "server_cpu_us_per_call": round(cpu)}
-                       for name, (rate, cpu) in pair[kind].items()} for pair in pairs],
-            "calls_per_s_many_over_one": round(
-                statistics.median(p[kind]["many"][0] / p[kind]["one"][0] for p in pairs), 3),
-            "server_cpu_many_over_one": round(
-                statistics.median(p[kind]["many"][1] / p[kind]["one"][1] for p in pairs), 3),
-        }
+    async with _daemons(python, configs) as started, client_session(LOAD_CONCURRENCY) as http:
+        targets: dict[str, list[_ReadTarget]] = {"listed": [], "templated": []}
+        for name, (daemon, url, token) in started.items():
+            last = RESOURCE_SERVERS - 1 if name == "many" else 0
+            # Every server lists the same URIs: the first in name order owns them. A templated URI only the last
+            # server's last template matches is looked for in every server's lists first.
+            for kind, uri in (("listed", f"res://item/{RESOURCES_EACH - 1}"),
+                              ("templated", f"t{last:02d}://kind{RESOURCES_EACH - 1}/42")):
+                target = _ReadTarget(name, http, url, token, daemon.pid, uri)
+                await target.open_session()
+                await target.call()  # starts the children and reads their lists
+                targets[kind].append(target)
+        for kind, (one, many) in targets.items():
+            record[kind] = _paired(await _alternating(one, many, BARE_PAIRS))
     return record
 
 
