@@ -94,6 +94,7 @@ class Daemon:
         await self._admin.start(settings)
         self._spawn(state.pool.start_eager(state.generation.servers), "eager-start")
         self._spawn(self.reloader.serve_requests(), "reload-requests")
+        self._spawn(state.sessions.sweep(), "session-expiry")
         interval = systemd.watchdog_interval()
         if interval is not None:
             logger.info("systemd watchdog: pinging every %.3gs", interval)

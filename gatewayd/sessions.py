@@ -25,6 +25,11 @@ SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_VERSION = SUPPORTED_VERSIONS[0]
 # Notifications held for a session's GET stream before the oldest are dropped.
 OUTBOUND_QUEUE_LIMIT = 256
+# Idle sessions are looked for this often (half the idle timeout, within these bounds), so a session a client left
+# without DELETE ends, its per-session children and queue with it, at most this long after its idle timeout, not
+# only when another session is created.
+EXPIRY_SWEEP_MAX = 10.0
+EXPIRY_SWEEP_MIN = 0.05
 # Session ids carry this many random bytes (256 bits): unguessable.
 SESSION_ID_BYTES = 32
 # Characters of a session id shown to operators (status, audit): enough to correlate, useless to replay.
@@ -207,7 +212,16 @@ class Sessions:
         """Forget sessions unused for `idle_timeout`."""
         cutoff = time.monotonic() - self.idle_timeout
         for session_id in [sid for sid, s in self._by_id.items() if s.last_used < cutoff and not s.stream_open]:
+            logger.info("session of client=%s ended: unused for %gs", self._by_id[session_id].client,
+                        self.idle_timeout)
             self.delete(session_id)
+
+    async def sweep(self) -> None:
+        """Expire idle sessions as they pass their idle timeout, until cancelled (the daemon owns this task)."""
+        interval = min(EXPIRY_SWEEP_MAX, max(EXPIRY_SWEEP_MIN, self.idle_timeout / 2))
+        while True:
+            await asyncio.sleep(interval)
+            self.expire()
 
     def broadcast(self, message: dict[str, Any], to: Callable[[Session], bool] | None = None) -> None:
         """Queue a notification for the GET stream of every session (that `to` accepts)."""
