@@ -485,6 +485,7 @@ async def children(root: Path, python: Path) -> dict[str, Any]:
             kids = descendants(daemon.pid)
             children_mb = sum(_rss_mb(pid) for pid in kids)
             rss_after = _rss_mb(daemon.pid)
+            threads = status_kib(daemon.pid, "Threads")
     finally:
         await daemon.stop()
     return {
@@ -495,6 +496,7 @@ async def children(root: Path, python: Path) -> dict[str, Any]:
         "child_rss_mb_each": round(children_mb / max(len(kids), 1), 1),
         "daemon_rss_mb": {"before": round(rss_before, 1), "after": round(rss_after, 1),
                           "per_child": round((rss_after - rss_before) / SESSION_CHILDREN, 3)},
+        "daemon_threads_with_children": threads,
     }
 
 

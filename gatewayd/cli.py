@@ -133,8 +133,11 @@ def gatewayd_main(argv: list[str] | None = None) -> int:
             print(_config_ok(load_snapshot(settings.config_dir)))
             return 0
         from gatewayd.app import serve
+        from gatewayd.upstream.process import watch_exits_by_pidfd
 
-        asyncio.run(serve(settings))
+        with asyncio.Runner() as runner:
+            watch_exits_by_pidfd(runner.get_loop())
+            runner.run(serve(settings))
     except ConfigInvalid as exc:
         return _config_errors("gatewayd", exc)
     except OSError as exc:

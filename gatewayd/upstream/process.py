@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from gatewayd.deadlines import set_within
 from gatewayd.errors import ToolServerUnavailable
 
 logger = logging.getLogger(__name__)
+
 
 # A child's message may be this large; asyncio's 64 KiB default breaks real tool servers.
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -70,6 +72,25 @@ CANNOT_RUN = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR
 Line = bytes | bytearray
 # A few child variables a tool server usually needs; everything else must be set in its config.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR", "VIRTUAL_ENV")
+
+
+def watch_exits_by_pidfd(loop: asyncio.AbstractEventLoop) -> bool:
+    """On Python 3.11, have `loop` learn of its children's exits from pidfds, as 3.12 does itself: 3.11's default
+    waits for each child in a thread of its own, one thread a running child (a thread's stack and, in glibc, a malloc
+    arena of its own, which the daemon's RSS kept after the thread was gone: bench/soak.py). Only for the daemon's own
+    loop (cli.py), which is the only one its process runs. Whether it was done: not on 3.12 and later, nor where the
+    kernel has no pidfd_open (Linux before 5.3, or a seccomp filter refusing it)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(loop)
+    asyncio.set_child_watcher(watcher)
+    return True
+
 
 
 @dataclass
