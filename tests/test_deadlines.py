@@ -135,3 +135,27 @@ async def test_set_within_says_whether_the_event_came_in_time() -> None:
     asyncio.get_running_loop().call_soon(event.set)
     assert await set_within(event, 5.0)
     assert await set_within(event, 0)  # already set: at once, whatever the timeout
+
+
+async def test_released_deadlines_let_go_of_their_timer_and_keep_what_is_pending() -> None:
+    loop = asyncio.get_running_loop()
+    owner = Deadlines()
+    far = owner.call_later(30.0, lambda: None)
+    far.cancel()
+    # A cancelled deadline's bucket keeps the loop's timer, and through it the deadlines, until its tick is due.
+    assert owner._timer is not None
+    owner.release()
+    assert owner._timer is None and owner.pending == 0
+    held = weakref.ref(owner)
+    del owner, far
+    gc.collect()
+    assert held() is None, "the loop's timer still holds the released deadlines"
+    # What is still pending keeps a timer for the earliest of it, and fires.
+    deadlines = Deadlines()
+    fired = loop.create_future()
+    deadlines.call_later(0.05, fired.set_result, "kept")
+    gone = deadlines.call_later(0.02, lambda: None)
+    gone.cancel()
+    deadlines.release()
+    assert deadlines.pending == 1
+    assert await asyncio.wait_for(fired, BOUND) == "kept"

@@ -251,6 +251,7 @@ class ToolServer:
             self.state = State.STOPPING
             self._conn = None
         await conn.close()
+        self._deadlines.release()
         if self.state is State.STOPPING:
             self.state = State.STOPPED
         return True
@@ -261,6 +262,7 @@ class ToolServer:
         self._conn = None
         info = conn.exit_info
         self.last_exit = info.describe() if info else None
+        self._deadlines.release()
         self._record_crash()
         if self.state is not State.FAILED:
             self.state = State.STOPPED
@@ -331,6 +333,7 @@ class ToolServer:
         if self._watch_task is not None:
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
+        self._deadlines.release()
         if self.state is State.STOPPING:
             self.state = State.STOPPED
 
