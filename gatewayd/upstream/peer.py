@@ -613,6 +613,10 @@ class Peer:
                 pending.future.set_exception(ToolServerUnavailable(
                     f"tool server {self.name!r} exited during {pending.method} ({info.describe()})", data))
             self._pending.pop(call_id, None)
+        # Nothing a gone child still wrote concerns its owner: its handlers (the owner's bound methods and closures,
+        # each a reference cycle through this peer) are dropped, so the child's objects go by reference counting.
+        self._on_notification = self._on_activity = None
+        self._on_request = default_reply
 
 
 class _Expired(Exception):

@@ -338,6 +338,14 @@ class ChildProcess:
         await self._reap_group()
         self._close_stdout()
         self._exited.set()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Once the child is gone, drop its owners' callbacks and its stdout framer: bound methods of whoever holds
+        this child, each a reference cycle through it, which left a stopped child's whole graph (its connection,
+        peer, server, pipes: ~100 objects) to the cyclic collector instead of its reference counts (bench/soak.py)."""
+        self._on_exit = self._on_activity = self._on_overlong = None
+        self._stdout = None
 
     def _close_stdout(self) -> None:
         """Close the stdout pipe: at EOF already once the child's group is gone, unless its wait was cut off."""
