@@ -352,6 +352,9 @@ class Peer:
             if pending.quiet is not None:
                 pending.quiet.cancel()
             self._pending.pop(call_id, None)
+            # A failed call's error holds this frame (its traceback), and the future held the error: dropped here,
+            # that cycle does not keep the error, its frames and what they hold (the connection) for the collector.
+            del future, pending
 
     def touch(self, call_id: int) -> None:
         """The call `call_id` showed activity (an update about it): its silence deadline starts again."""

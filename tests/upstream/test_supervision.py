@@ -357,13 +357,12 @@ async def test_requests_from_the_child_are_answered_never_left_waiting(
 
 
 async def test_a_gone_child_s_objects_go_by_their_reference_counts(tmp_path: Path) -> None:
-    """Stopped or idled out: the child's connection, peer and process are freed with the collector off, not left in
-    reference cycles for it (a stopped child's ~100 objects were, each time; bench/soak.py). A child that dies during
-    a call is still left to the collector: the call's error holds its frames, and they the connection."""
+    """Stopped, idled out or dead during a call: the child's connection, peer and process are freed with the collector
+    off, not left in reference cycles for it (a stopped child's ~100 objects were, each time; bench/soak.py)."""
     gc.collect()
     gc.disable()
     try:
-        for how in ("stop", "idle"):
+        for how in ("stop", "idle", "crash"):
             await _gone_and_freed(tmp_path, how)
     finally:
         gc.enable()
@@ -378,6 +377,9 @@ async def _gone_and_freed(tmp_path: Path, how: str) -> None:
     del conn
     if how == "stop":
         await server.stop()
+    elif how == "crash":
+        with pytest.raises(ToolServerUnavailable, match="exited during crash"):
+            await server.call_method("crash", {})
     await eventually(lambda: server.state is State.STOPPED, what=f"the child is gone ({how})")
     await eventually(lambda: all(ref() is None for ref in held), what=f"its objects are freed ({how})")
     await server.stop()
