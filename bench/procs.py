@@ -213,7 +213,7 @@ class ServerProcess:
 
 
 def status_kib(pid: int, field: str) -> int:
-    """A `kB` field of /proc/PID/status (VmRSS, VmHWM, …); 0 if the process is gone."""
+    """A numeric field of /proc/PID/status (VmRSS, VmHWM, … in KiB; Threads, a count); 0 if the process is gone."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
@@ -243,6 +243,18 @@ def descendants(pid: int) -> list[int]:
             found.extend(kids)
             stack.extend(kids)
     return found
+
+
+def zombies(pids: list[int]) -> int:
+    """How many of `pids` have exited and wait to be reaped (state Z in /proc/PID/stat)."""
+    count = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                count += stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+    return count
 
 
 def tree(pid: int) -> list[int]:

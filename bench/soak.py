@@ -42,6 +42,7 @@ from bench import wire
 from bench.driver import JsonTarget, ModernTarget, SseTarget, client_session, run_load
 from bench.procs import (
     ECHO_TOML,
+    KIB,
     ROLE,
     ServerProcess,
     bench_env,
@@ -50,13 +51,13 @@ from bench.procs import (
     install_copy,
     status_kib,
     write_config,
+    zombies,
 )
 from bench.run import RESULTS_DIR, save
 from gatewayd.admin import AdminClient
 
 DEFAULT_SECONDS: Final = 90.0
 WARMUP_CYCLES: Final = 3
-KIB: Final = 1024
 LOAD_CONCURRENCY: Final = 8
 CALL_SECONDS: Final = 0.5
 SESSIONS: Final = 8
@@ -109,22 +110,11 @@ def _config(config_dir: Path) -> str:
 # -- what the daemon holds -------------------------------------------------------------------------
 
 
-def _zombies(pids: list[int]) -> int:
-    count = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-                count += stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-    return count
-
-
 def _held(pid: int) -> dict[str, int]:
     """The daemon's open fds, threads, RSS (KiB), live children and zombies."""
     kids = descendants(pid)
     return {"fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": status_kib(pid, "Threads"),
-            "rss_kib": status_kib(pid, "VmRSS"), "children": len(kids), "zombies": _zombies(kids)}
+            "rss_kib": status_kib(pid, "VmRSS"), "children": len(kids), "zombies": zombies(kids)}
 
 
 async def _settled(admin: AdminClient, pid: int) -> tuple[dict[str, int], float]:
@@ -193,9 +183,9 @@ async def _streams(url: str, token: str, pid: int) -> None:
             pass
 
 
-async def _quitting(http: aiohttp.ClientSession, url: str, token: str) -> int:
+async def _quitting(http: aiohttp.ClientSession, url: str, token: str, pid: int) -> int:
     """QUIT_CALLS calls of the quitting child, one at a time; how many failed (a call sent as the child exits)."""
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": wire.ACCEPT_JSON}
+    headers = JsonTarget("quit", http, url, token, pid).headers
     body = wire.compact(wire.request("quit.echo", wire.ECHO_PARAMS))
     failed = 0
     for _ in range(QUIT_CALLS):
@@ -217,7 +207,7 @@ async def _cycle(http: aiohttp.ClientSession, url: str, token: str, pid: int, co
         counts[name] = result.calls
     await _sessions(http, url, token, pid)
     await _streams(url, token, pid)
-    counts["quit_failed"] = await _quitting(http, url, token)
+    counts["quit_failed"] = await _quitting(http, url, token, pid)
     (config_dir / "tools.d" / "quit.toml").write_text(_quit_toml(generation))
     status, result = await AdminClient(config_dir / "gatewayd.sock").call("POST", "/reload")
     if status != 200:

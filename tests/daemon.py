@@ -184,6 +184,14 @@ async def gatewayctl(config_dir: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+async def status(config_dir: Path) -> dict[str, Any]:
+    """What the real `gatewayctl status --json` shows of the running daemon."""
+    code, out, err = await gatewayctl(config_dir, "status", "--json")
+    assert code == 0, err
+    shown: dict[str, Any] = json.loads(out)
+    return shown
+
+
 async def pending_approvals(config_dir: Path, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
     """Poll `gatewayctl approvals --json` until at least `count` calls wait; their views, oldest first."""
     async with asyncio.timeout(timeout):

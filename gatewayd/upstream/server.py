@@ -224,12 +224,16 @@ class ToolServer:
         self._record_crash()
 
     async def _watch(self, conn: Connection) -> None:
-        """Stops the running child after `idle_timeout` of silence; ends when the child exits."""
-        while True:
-            if await conn.wait_exited(self._idle_wait()):
-                return
-            if await self._stop_if_idle(conn):
-                return
+        """Stops the running child after `idle_timeout` of silence; ends when the child exits, idles out or is
+        stopped, and then lets go of the loop timer its calls' cancelled deadlines kept (`Deadlines.release`)."""
+        try:
+            while True:
+                if await conn.wait_exited(self._idle_wait()):
+                    return
+                if await self._stop_if_idle(conn):
+                    return
+        finally:
+            self._deadlines.release()
 
     def _idle_wait(self) -> float | None:
         """How long the child may stay silent from now; None when it never idles out."""
@@ -251,7 +255,6 @@ class ToolServer:
             self.state = State.STOPPING
             self._conn = None
         await conn.close()
-        self._deadlines.release()
         if self.state is State.STOPPING:
             self.state = State.STOPPED
         return True
@@ -262,7 +265,6 @@ class ToolServer:
         self._conn = None
         info = conn.exit_info
         self.last_exit = info.describe() if info else None
-        self._deadlines.release()
         self._record_crash()
         if self.state is not State.FAILED:
             self.state = State.STOPPED
@@ -333,7 +335,6 @@ class ToolServer:
         if self._watch_task is not None:
             self._watch_task.cancel()
             await asyncio.gather(self._watch_task, return_exceptions=True)
-        self._deadlines.release()
         if self.state is State.STOPPING:
             self.state = State.STOPPED
 

@@ -5,19 +5,18 @@ children, and a child killed from outside is seen to exit and started again for 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
-from tests.daemon import Daemon, gatewayctl, python_command, write_config
+from tests.daemon import Daemon, python_command, status, write_config
 from tests.e2e.test_calls import initialize, tools_call
 from tests.waiting import eventually, process_gone
 
 SESSIONS = 6
+# A child per session, room for every session's: shared with test_session_expiry.
 PER_SESSION = python_command("-m", "gatewayd.examples.calc") + (
     f'\nprotocol = "jsonrpc"\nisolation = "session"\nmax_children_per_client = {SESSIONS}\n\n'
     '[methods.echo]\ninput_schema = { type = "object" }\n')
@@ -30,10 +29,7 @@ def threads(pid: int) -> int:
 
 async def children(config_dir: Path) -> dict[str, int]:
     """The per-session server's children: session id shown → pid."""
-    code, out, err = await gatewayctl(config_dir, "status", "--json")
-    assert code == 0, err
-    rows: list[dict[str, Any]] = json.loads(out)["servers"]["mine"]["children"]
-    return {row["owner"]: row["pid"] for row in rows}
+    return {row["owner"]: row["pid"] for row in (await status(config_dir))["servers"]["mine"]["children"]}
 
 
 async def test_children_cost_no_thread_and_a_killed_one_is_seen_and_replaced(

@@ -5,29 +5,19 @@ does not. Through the real daemon and a real per-session child.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
-from tests.daemon import Daemon, gatewayctl, headers, python_command, write_config
+from tests.daemon import Daemon, headers, status, write_config
 from tests.e2e.test_calls import MCP_VERSION, initialize, tools_call
+from tests.e2e.test_child_exits import PER_SESSION, children
 from tests.waiting import process_gone
 
 IDLE_S = 0.5
 # Generous for a loaded 2-core machine: the session ends within IDLE_S and half of it.
 EXPIRY_DEADLINE = 10.0
-PER_SESSION = python_command("-m", "gatewayd.examples.calc") + (
-    '\nprotocol = "jsonrpc"\nisolation = "session"\n\n[methods.echo]\ninput_schema = { type = "object" }\n')
-
-
-async def status(config_dir: Path) -> dict[str, Any]:
-    code, out, err = await gatewayctl(config_dir, "status", "--json")
-    assert code == 0, err
-    shown: dict[str, Any] = json.loads(out)
-    return shown
 
 
 async def test_a_session_left_without_delete_ends_with_its_child(tmp_path: Path, http: aiohttp.ClientSession) -> None:
@@ -40,10 +30,10 @@ async def test_a_session_left_without_delete_ends_with_its_child(tmp_path: Path,
         for session in (left, kept):
             answer = await tools_call(http, daemon.url, token, session, "mine__echo", {"n": 1})
             assert answer["result"]["structuredContent"] == {"n": 1}
-        children = {row["owner"]: row["pid"] for row in (await status(tmp_path))["servers"]["mine"]["children"]}
-        assert len(children) == 2
-        [left_child] = [pid for owner, pid in children.items() if left.startswith(owner)]
-        [kept_child] = [pid for owner, pid in children.items() if kept.startswith(owner)]
+        running = await children(tmp_path)
+        assert len(running) == 2
+        [left_child] = [pid for owner, pid in running.items() if left.startswith(owner)]
+        [kept_child] = [pid for owner, pid in running.items() if kept.startswith(owner)]
         deadline = time.monotonic() + EXPIRY_DEADLINE
         while not process_gone(left_child):
             assert time.monotonic() < deadline, "the left session's child still runs"
