@@ -88,7 +88,8 @@ class Settings(BaseModel):
     # A proxy in front makes the address the daemon listens on useless to its clients: links must name the proxy.
     public_url: str = Field(
         "", description="the https:// URL clients reach the daemon at through a reverse proxy, e.g. "
-        "https://gw.example.org (a path, if any, must be /mcp): every link the daemon hands out uses it, and its "
+        "https://gw.example.org, or https://gw.example.org/gw when the proxy publishes it under the path /gw (a "
+        "path ending in /mcp names the same): every link the daemon hands out uses it, and its "
         "host and origin are accepted as Host and Origin besides the loopback names (empty: none)",
     )
     log_format: Literal["text", "json"] = Field("text", description="text, or json: one JSON object a line")
@@ -221,8 +222,9 @@ class Settings(BaseModel):
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str) -> str:
-        """Checked at start, so a typo is a settings error and not links that lead nowhere; kept as its origin."""
-        return urls.parse_public_url(value).origin if value.strip() else ""
+        """Checked at start, so a typo is a settings error and not links that lead nowhere; kept as its origin and
+        path prefix."""
+        return urls.parse_public_url(value).base if value.strip() else ""
 
     def public(self) -> urls.PublicUrl | None:
         """The public URL, parsed; None when the daemon is reached where it listens."""

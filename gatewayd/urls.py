@@ -1,7 +1,7 @@
 """The links the daemon hands out, and the public URL a reverse proxy serves it at.
 
 Owns the paths of the endpoint and of the approval page, parsing and checking the `public_url` setting
-(the scheme, host and port clients reach the daemon at through a TLS-terminating proxy), and `Links`:
+(the scheme, host, port and path prefix clients reach the daemon at through a TLS-terminating proxy), and `Links`:
 the endpoint and approval-page URLs built from the public URL when there is one, else from the address
 the daemon listens on. Everything that sends or prints a link (the `approval_pending` notice, the
 systemd STATUS line, `gatewayctl dev-client`) builds it here. Standard library only: the settings
@@ -12,25 +12,33 @@ routes themselves (web/).
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 MCP_PATH = "/mcp"
 APPROVALS_PATH = "/approvals"
 SCHEMES = {"http": 80, "https": 443}
-# The daemon serves its routes at the root of its host: a proxy that moved them under a prefix would break the
-# approval page's links (origin-relative) and every path a client was told. So the public URL names a host only,
-# or the endpoint itself.
-PUBLIC_PATHS = ("", "/", MCP_PATH)
+# A proxy may publish the daemon's routes under a path prefix (https://host/gw/mcp, the proxy taking /gw off): the
+# public URL then names the prefix, or the endpoint under it. Each segment of a prefix is plain (RFC 3986's
+# unreserved characters), so the links built from it need no escaping and cannot climb out of it.
+_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 @dataclass(frozen=True)
 class PublicUrl:
-    """Where clients reach the daemon: `scheme://host[:port]`, the port None when it is the scheme's default."""
+    """Where clients reach the daemon: `scheme://host[:port][/prefix]`, the port None when it is the scheme's
+    default."""
 
     scheme: str
     host: str  # lower case; an IPv6 address in brackets
     port: int | None
+    prefix: str = ""  # "" or "/gw": the path the proxy publishes the daemon's routes under
+
+    @property
+    def base(self) -> str:
+        """What the daemon's paths follow in a link: the origin and the prefix."""
+        return self.origin + self.prefix
 
     @property
     def origin(self) -> str:
@@ -63,10 +71,22 @@ def parse_public_url(text: str) -> PublicUrl:
         raise ValueError(f"{text!r} must not carry a user name or password")
     if parts.query or parts.fragment or text.rstrip().endswith(("?", "#")):
         raise ValueError(f"{text!r} must not carry a query or fragment")
-    if parts.path not in PUBLIC_PATHS:
-        raise ValueError(f"{text!r}: its path must be empty or {MCP_PATH}; gatewayd serves {MCP_PATH} and "
-                         f"{APPROVALS_PATH} at the root of its host, so a proxy must not move them under a prefix")
-    return PublicUrl(parts.scheme, _url_host(parts.hostname), None if port == SCHEMES[parts.scheme] else port)
+    return PublicUrl(parts.scheme, _url_host(parts.hostname), None if port == SCHEMES[parts.scheme] else port,
+                     _prefix(text, parts.path))
+
+
+def _prefix(text: str, path: str) -> str:
+    """The path prefix a public URL's path names: the path itself, or the endpoint's under it; ValueError when it
+    is neither."""
+    prefix = path.rstrip("/").removesuffix(MCP_PATH)
+    segments = prefix.split("/")[1:]
+    if prefix and (not prefix.startswith("/") or any(not _PREFIX_SEGMENT.fullmatch(segment)
+                                                     or segment in (".", "..") for segment in segments)):
+        raise ValueError(f"{text!r}: its path must be empty, {MCP_PATH}, or the prefix a proxy publishes gatewayd "
+                         f"under (/gw or /gw{MCP_PATH}), each segment letters, digits, '-', '.', '_' or '~'")
+    if prefix.endswith((APPROVALS_PATH, APPROVALS_PATH + "/api")):
+        raise ValueError(f"{text!r}: name the endpoint ({MCP_PATH}) or the prefix it is under, not the approval page")
+    return prefix
 
 
 def _url_host(hostname: str) -> str:
@@ -94,7 +114,7 @@ class Links:
 
     @property
     def base(self) -> str:
-        return self.public.origin if self.public is not None else self.local
+        return self.public.base if self.public is not None else self.local
 
     @property
     def endpoint(self) -> str:

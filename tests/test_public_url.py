@@ -32,15 +32,37 @@ def test_a_public_url_names_an_origin_and_the_host_values_that_reach_it(
     assert public.host_values() == hosts
 
 
+@pytest.mark.parametrize(("text", "prefix"), [
+    ("https://gw.example.org", ""),
+    ("https://gw.example.org/mcp/", ""),
+    ("https://gw.example.org/gw", "/gw"),
+    ("https://gw.example.org/gw/", "/gw"),
+    ("https://gw.example.org/gw/mcp", "/gw"),
+    ("https://gw.example.org/tools/Gate_way-2.v~1/mcp/", "/tools/Gate_way-2.v~1"),
+])
+def test_a_public_url_may_name_the_path_prefix_a_proxy_publishes_the_daemon_under(text: str, prefix: str) -> None:
+    public = parse_public_url(text)
+    assert (public.prefix, public.base) == (prefix, "https://gw.example.org" + prefix)
+    # The prefix is in the links, never in the origin or the Host values a browser and a proxy send.
+    assert public.origin == "https://gw.example.org"
+    assert public.host_values() == ["gw.example.org", "gw.example.org:443"]
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("gw.example.org", "must start with https://"),
     ("ftp://gw.example.org", "must start with https://"),
     ("ws://gw.example.org", "must start with https://"),
     ("https://", "names no host"),
     ("https://:443/mcp", "names no host"),
-    ("https://gw.example.org/gateway", "its path must be empty or /mcp"),
-    ("https://gw.example.org/gateway/mcp", "its path must be empty or /mcp"),
-    ("https://gw.example.org/approvals", "its path must be empty or /mcp"),
+    ("https://gw.example.org/approvals", "not the approval page"),
+    ("https://gw.example.org/gw/approvals/", "not the approval page"),
+    ("https://gw.example.org/gw/approvals/api", "not the approval page"),
+    ("https://gw.example.org/g%20w", "each segment letters, digits"),
+    ("https://gw.example.org/g w/mcp", "each segment letters, digits"),
+    ("https://gw.example.org/gw/../mcp", "each segment letters, digits"),
+    ("https://gw.example.org/./mcp", "each segment letters, digits"),
+    ("https://gw.example.org//mcp", "each segment letters, digits"),
+    ("https://gw.example.org/a//b", "each segment letters, digits"),
     ("https://gw.example.org/mcp?x=1", "query or fragment"),
     ("https://gw.example.org/#top", "query or fragment"),
     ("https://gw.example.org?", "query or fragment"),
@@ -59,8 +81,8 @@ def test_a_bad_public_url_is_a_settings_error_from_flags_environment_and_file(
 ) -> None:
     with pytest.raises(ValidationError, match="public_url"):
         Settings(public_url="ftp://gw.example.org")
-    monkeypatch.setenv("GATEWAYD_PUBLIC_URL", "https://gw.example.org/prefix")
-    with pytest.raises(ValidationError, match="its path must be empty or /mcp"):
+    monkeypatch.setenv("GATEWAYD_PUBLIC_URL", "https://gw.example.org/pre fix")
+    with pytest.raises(ValidationError, match="its path must be empty, /mcp, or the prefix"):
         Settings()
     monkeypatch.delenv("GATEWAYD_PUBLIC_URL")
     (tmp_path / "gatewayd.toml").write_text('public_url = "gw.example.org"\n')
@@ -69,7 +91,7 @@ def test_a_bad_public_url_is_a_settings_error_from_flags_environment_and_file(
         Settings()
 
 
-def test_the_setting_comes_from_the_environment_or_the_file_and_is_kept_as_its_origin(
+def test_the_setting_comes_from_the_environment_or_the_file_and_is_kept_as_its_origin_and_prefix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "gatewayd.toml").write_text('public_url = "https://gw.example.org/mcp"\n')
@@ -77,6 +99,8 @@ def test_the_setting_comes_from_the_environment_or_the_file_and_is_kept_as_its_o
     assert Settings().public_url == "https://gw.example.org"
     monkeypatch.setenv("GATEWAYD_PUBLIC_URL", "https://other.example.org:8443")
     assert Settings().public_url == "https://other.example.org:8443"
+    monkeypatch.setenv("GATEWAYD_PUBLIC_URL", "https://other.example.org:8443/gw/mcp")
+    assert Settings().public_url == "https://other.example.org:8443/gw"
     assert Settings(public_url="").public() is None
 
 
@@ -90,6 +114,10 @@ def test_links_point_through_the_public_url_when_there_is_one() -> None:
     assert listen_base("0.0.0.0", PORT) == f"http://127.0.0.1:{PORT}"
     assert listen_base("::1", PORT) == f"http://[::1]:{PORT}"
     assert Links("http://x", PublicUrl("https", "gw.example.org", 8443)).endpoint == "https://gw.example.org:8443/mcp"
+    prefixed = Settings(public_url="https://gw.example.org/gw/mcp").links(PORT)
+    assert (prefixed.endpoint, prefixed.approval_page) == ("https://gw.example.org/gw/mcp",
+                                                           "https://gw.example.org/gw/approvals")
+    assert prefixed.describe() == f"http://127.0.0.1:{PORT}/mcp (public https://gw.example.org/gw/mcp)"
 
 
 LOCAL_HOSTS = [f"127.0.0.1:{PORT}", f"localhost:{PORT}", f"[::1]:{PORT}", "127.0.0.1", "localhost", "[::1]"]

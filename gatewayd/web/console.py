@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 PAGE_PATH = urls.APPROVALS_PATH
 API_PATH = f"{PAGE_PATH}/api"
+# The API as the page's script names it: relative to the page (the page is one segment at the root, so
+# "approvals/api" from /approvals is API_PATH), so that under a proxy's path prefix /gw/approvals calls
+# /gw/approvals/api.
+PAGE_API = API_PATH.removeprefix("/")
 
 # What the page offers for "allow the same call again without asking": (seconds, label); 0 asks every time.
 ALLOW_AGAIN_CHOICES = [(0, "no, ask every time"), (600, "for 10 minutes"), (3600, "for 1 hour")]
@@ -72,7 +76,7 @@ def page() -> tuple[bytes, dict[str, str]]:
     style), made once."""
     style = _asset("approvals.css")
     # The script's placeholders are filled in before its hash is taken.
-    script = (_asset("approvals.js").replace("__API__", API_PATH)
+    script = (_asset("approvals.js").replace("__API__", PAGE_API)
               .replace("__MAX_REASON__", str(approvals.MAX_REASON_CHARS))
               .replace("__AGAIN_CHOICES__", json.dumps(ALLOW_AGAIN_CHOICES)))
     body = _asset("approvals.html")

@@ -1,5 +1,6 @@
 """The real daemon behind a real TLS reverse proxy, Debian's nginx and Caddy, each running the config shipped in
-deploy/ (templated only in ports, certificate paths and the daemon's address).
+deploy/ (templated only in ports, certificate paths and the daemon's address), as shipped and with its lines for a path
+prefix in use instead (`https://gw.example.org:PORT/gw/mcp`).
 
 Through the proxy, at `https://gw.example.org:PORT` (the name resolved to 127.0.0.1 by the clients themselves,
 the certificate a throwaway self-signed one): the official MCP SDK gets SSE progress while its call runs (the
@@ -60,6 +61,8 @@ PROXY_STOP_DEADLINE: Final = 10.0
 OPENSSL_DEADLINE: Final = 30.0
 # How often the proxy's port is tried while it starts.
 CONNECT_POLL_S: Final = 0.05
+# The path prefix the shipped configs' commented lines publish the daemon under.
+PREFIX: Final = "/gw"
 ROLES: Final = """
 [roles.agent]
 allow = ["hold.hold", "hold.release"]
@@ -136,9 +139,20 @@ class Ports:
     admin: int = field(default_factory=free_port)
 
 
-def nginx_config(directory: Path, ports: Ports, cert: Certificate, daemon: str) -> list[str]:
-    """Write the shipped site file, templated, inside a minimal main config; the nginx command line."""
+NGINX_ROOT_LOCATIONS: Final = "".join(f"    location {match} {{\n        proxy_pass http://127.0.0.1:8765;\n    }}\n"
+                                     for match in ("= /mcp", "= /approvals", "/approvals/api/"))
+NGINX_PREFIXED: Final = [(f"    # location {match} {{\n    #     proxy_pass http://127.0.0.1:8765{path};\n    # }}\n",
+                          f"    location {match} {{\n        proxy_pass http://127.0.0.1:8765{path};\n    }}\n")
+                         for match, path in (("= /gw/mcp", "/mcp"), ("= /gw/approvals", "/approvals"),
+                                             ("/gw/approvals/api/", "/approvals/api/"))]
+
+
+def nginx_config(directory: Path, ports: Ports, cert: Certificate, daemon: str, prefix: str) -> list[str]:
+    """Write the shipped site file, templated (with its prefix's locations in place of the root's when `prefix`),
+    inside a minimal main config; the nginx command line."""
+    under_prefix = [(NGINX_ROOT_LOCATIONS, ""), *NGINX_PREFIXED] if prefix else []
     site = templated(NGINX_CONF.read_text(), [
+        *under_prefix,
         ("listen 80;", f"listen 127.0.0.1:{ports.http};"),
         ("listen 443 ssl http2;", f"listen 127.0.0.1:{ports.https} ssl http2;"),
         (f"/etc/letsencrypt/live/{NAME}/fullchain.pem", str(cert.cert)),
@@ -158,9 +172,16 @@ def nginx_config(directory: Path, ports: Ports, cert: Certificate, daemon: str) 
     return [str(NGINX), "-p", str(directory), "-c", str(directory / "nginx.conf"), "-e", str(directory / "error.log")]
 
 
-def caddy_config(directory: Path, ports: Ports, cert: Certificate, daemon: str) -> list[str]:
-    """Write the shipped Caddyfile, templated; the caddy command line."""
+CADDY_PREFIXED: Final = [("\t@gatewayd path /mcp /approvals /approvals/api/*\n", ""),
+                         ("\t# @gatewayd path /gw/", "\t@gatewayd path /gw/"),
+                         ("\t\t# uri strip_prefix /gw", "\t\turi strip_prefix /gw")]
+
+
+def caddy_config(directory: Path, ports: Ports, cert: Certificate, daemon: str, prefix: str) -> list[str]:
+    """Write the shipped Caddyfile, templated (its prefix's matcher and stripping in use when `prefix`); the caddy
+    command line."""
     caddyfile = templated(CADDYFILE.read_text(), [
+        *(CADDY_PREFIXED if prefix else []),
         ("http_port 80", f"http_port {ports.http}"),
         ("https_port 443", f"https_port {ports.https}"),
         # Servers started by tests listen on loopback only; the shipped file binds all addresses, as a proxy must.
@@ -172,7 +193,7 @@ def caddy_config(directory: Path, ports: Ports, cert: Certificate, daemon: str) 
     return [str(CADDY), "run", "--config", str(directory / "Caddyfile"), "--adapter", "caddyfile"]
 
 
-PROXIES: Final[dict[str, tuple[Path, Callable[[Path, Ports, Certificate, str], list[str]]]]] = {
+PROXIES: Final[dict[str, tuple[Path, Callable[[Path, Ports, Certificate, str, str], list[str]]]]] = {
     "nginx": (NGINX, nginx_config),
     "caddy": (CADDY, caddy_config),
 }
@@ -258,7 +279,8 @@ class Proxied:
     """The daemon behind one proxy: its public URL, local URL, tokens, and how to reach it."""
 
     proxy: str
-    public: str  # https://gw.example.org:PORT
+    origin: str  # https://gw.example.org:PORT
+    public: str  # the origin and the path prefix the proxy publishes the daemon under: what public_url says
     local: str  # http://127.0.0.1:PORT of the daemon itself
     redirect: str  # http://127.0.0.1:PORT of the proxy's plain-HTTP side
     agent: str
@@ -283,12 +305,15 @@ class Proxied:
                 yield client
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module", params=list(PROXIES))
+@pytest_asyncio.fixture(loop_scope="module", scope="module",
+                        params=[(proxy, prefix) for proxy in PROXIES for prefix in ("", PREFIX)],
+                        ids=lambda param: param[0] + ("-under-a-prefix" if param[1] else ""))
 async def proxied(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                   ) -> AsyncIterator[Proxied]:
-    binary, configure = PROXIES[request.param]
-    require(binary, request.param)
-    root = tmp_path_factory.mktemp(f"behind-{request.param}")
+    proxy, prefix = request.param
+    binary, configure = PROXIES[proxy]
+    require(binary, proxy)
+    root = tmp_path_factory.mktemp(f"behind-{proxy}")
     config, proxy_dir = root / "config", root / "proxy"
     (config / "tools.d").mkdir(parents=True)
     (config / "policies").mkdir()
@@ -300,12 +325,13 @@ async def proxied(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     set_operator_token(config / "policies" / "operators.toml", "ops", hash_token(operator))
     cert = await make_certificate(proxy_dir)
     ports = Ports()
-    public = f"https://{NAME}:{ports.https}"
-    async with Daemon(config, "--public-url", public) as daemon:
+    origin = f"https://{NAME}:{ports.https}"
+    async with Daemon(config, "--public-url", origin + prefix) as daemon:
         local = daemon.url.removesuffix("/mcp")
-        argv = configure(proxy_dir, ports, cert, local)
+        argv = configure(proxy_dir, ports, cert, local, prefix)
         async with running_proxy(argv, proxy_dir, ports.https):
-            yield Proxied(request.param, public, local, f"http://127.0.0.1:{ports.http}", agent, operator, cert)
+            yield Proxied(proxy, origin, origin + prefix, local, f"http://127.0.0.1:{ports.http}", agent, operator,
+                          cert)
 
 
 # -- through the proxy ---------------------------------------------------------------------------------
@@ -350,7 +376,7 @@ class Notices:
 
 async def test_an_approval_through_the_proxy_names_the_public_page_and_is_answered_there(proxied: Proxied) -> None:
     notices = Notices()
-    origin = {"Origin": proxied.public, "Authorization": bearer(proxied.operator)}
+    origin = {"Origin": proxied.origin, "Authorization": bearer(proxied.operator)}
     async with asyncio.timeout(TEST_DEADLINE), proxied.sdk(notices) as client, proxied.http() as http:
         call = asyncio.create_task(client.call_tool("hold__echo", {"through": proxied.proxy}))
         await notices.arrived.wait()
@@ -361,7 +387,8 @@ async def test_an_approval_through_the_proxy_names_the_public_page_and_is_answer
         async with http.get(notice["approval_page"]) as page:
             assert page.status == 200 and page.content_type == "text/html"
             assert "connect-src 'self'" in page.headers["Content-Security-Policy"]
-            assert '"/approvals/api"' in await page.text()  # its API links are relative to the page's own origin
+            # Its API links are relative to the page itself, so they lead under the prefix too.
+            assert 'const API = "approvals/api";' in await page.text()
         async with http.get(f"{proxied.public}/approvals/api/pending", headers=origin) as pending:
             assert pending.status == 200, await pending.text()
             [waiting] = (await pending.json())["approvals"]
@@ -375,7 +402,7 @@ async def test_an_approval_through_the_proxy_names_the_public_page_and_is_answer
 
 async def test_the_live_approval_stream_reaches_the_page_through_the_proxy(proxied: Proxied) -> None:
     """The page's SSE stream (`snapshot` first) is not held back by the proxy either."""
-    headers = {"Origin": proxied.public, "Authorization": bearer(proxied.operator)}
+    headers = {"Origin": proxied.origin, "Authorization": bearer(proxied.operator)}
     async with asyncio.timeout(TEST_DEADLINE), proxied.http() as http:
         async with http.get(f"{proxied.public}/approvals/api/stream", headers=headers) as stream:
             assert stream.status == 200 and stream.content_type == "text/event-stream"
@@ -393,8 +420,8 @@ async def test_the_proxys_https_origin_is_served_and_a_foreign_one_is_not(proxie
     """Issue 17 item 6: `Origin: https://gw.example.org` through the proxy was 403."""
     async with asyncio.timeout(TEST_DEADLINE), proxied.http() as http:
         url = proxied.public + "/mcp"
-        assert await mcp_status(http, url, proxied.agent, Origin=proxied.public) == 200
-        assert await mcp_status(http, url, proxied.agent, Origin=proxied.public.replace("https:", "http:")) == 403
+        assert await mcp_status(http, url, proxied.agent, Origin=proxied.origin) == 200
+        assert await mcp_status(http, url, proxied.agent, Origin=proxied.origin.replace("https:", "http:")) == 403
         assert await mcp_status(http, url, proxied.agent, Origin="https://evil.example.com") == 403
 
 
@@ -428,26 +455,32 @@ async def test_only_the_endpoint_and_the_approval_page_are_published(proxied: Pr
         for path in ("/metrics", "/healthz", "/", "/mcp/x", "/approvalsx"):
             async with http.get(proxied.public + path) as response:
                 assert response.status == 404, path
+        if proxied.public != proxied.origin:
+            # Under a prefix, nothing is published at the root.
+            for path in ("/mcp", "/approvals", "/approvals/api/pending"):
+                async with http.get(proxied.origin + path) as response:
+                    assert response.status == 404, path
         async with http.post(proxied.public + "/mcp", json={}) as response:
             assert response.status == 401 and response.headers["WWW-Authenticate"].startswith("Bearer")
 
 
 async def test_plain_http_redirects_to_https(proxied: Proxied) -> None:
     async with asyncio.timeout(TEST_DEADLINE), aiohttp.ClientSession() as http:
-        async with http.get(proxied.redirect + "/approvals", headers={"Host": NAME}, allow_redirects=False) as response:
+        page = proxied.public.removeprefix(proxied.origin) + "/approvals"
+        async with http.get(proxied.redirect + page, headers={"Host": NAME}, allow_redirects=False) as response:
             assert response.status in (301, 308)
             assert response.headers["Location"].startswith(f"https://{NAME}")
-            assert response.headers["Location"].endswith("/approvals")
+            assert response.headers["Location"].endswith(page)
 
 
 async def test_a_bad_public_url_stops_the_daemon_before_it_listens(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gatewayd", "--config-dir", str(tmp_path), "--public-url", f"https://{NAME}/gateway",
+        sys.executable, "-m", "gatewayd", "--config-dir", str(tmp_path), "--public-url", f"https://{NAME}/gate way",
         "--check", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     async with asyncio.timeout(TEST_DEADLINE):
         _, err = await proc.communicate()
     assert proc.returncode == 64
-    assert "setting public_url" in err.decode() and "its path must be empty or /mcp" in err.decode()
+    assert "setting public_url" in err.decode() and "its path must be empty, /mcp, or the prefix" in err.decode()
 
 
 # -- the other places that hand out links -------------------------------------------------------------

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from html.parser import HTMLParser
 from importlib.resources import files
 from pathlib import Path
+from urllib.parse import urljoin
 
 import pytest
 
@@ -81,11 +82,17 @@ async def test_the_page_serves_the_asset_files_inline_under_hashes_of_exactly_th
     for placeholder in ("__API__", "__MAX_REASON__", "__AGAIN_CHOICES__"):
         assert placeholder in js and placeholder not in script
     assert script == "\n" + (
-        js.replace("__API__", console.API_PATH)
+        js.replace("__API__", console.PAGE_API)
         .replace("__MAX_REASON__", str(approvals.MAX_REASON_CHARS))
         .replace("__AGAIN_CHOICES__", json.dumps(console.ALLOW_AGAIN_CHOICES))
     )
-    assert f'const API = "{console.API_PATH}";' in script
+    assert f'const API = "{console.PAGE_API}";' in script
+    # The script's API is relative to the page, as a browser resolves it (fetch() takes the document's URL as its
+    # base): the routes at the root, and the same routes under a proxy's path prefix.
+    assert urljoin("https://gw.example.org/approvals", console.PAGE_API + "/stream") == \
+        "https://gw.example.org" + console.API_PATH + "/stream"
+    assert urljoin("https://gw.example.org/gw/approvals", console.PAGE_API + "/stream") == \
+        "https://gw.example.org/gw" + console.API_PATH + "/stream"
     assert f"<body>\n{body}<script>" in page
 
     # Each hash in the CSP is that of the text the page carries, and is the only source its directive allows.
