@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Page, Route, async_playwright, expect
 
 from gatewayd.tokens import new_token
 from gatewayd.web import console
@@ -200,4 +200,31 @@ async def test_the_page_reconnects_with_backoff_when_the_stream_fails(
             await page.locator(f'[data-approval-id="{approval_id}"] [data-action="approve"]').click()
         assert [(await first)["result"], (await second)["result"]] == [3, 7]
         assert violations == []
+        await page.close()
+
+
+async def test_the_page_works_under_a_proxys_path_prefix(tmp_path: Path, browser: Browser) -> None:
+    """Published at /gw/approvals by a proxy that takes /gw off (here the browser's own request routing, as nginx's
+    and Caddy's shipped lines do in tests/e2e/test_proxy.py): the page's API calls go under the prefix too."""
+    tokens = console_config(tmp_path)
+    async with running_stack(tmp_path) as (client, state):
+        page = await browser.new_page()
+        page.set_default_timeout(STEP_TIMEOUT_MS)
+        prefixed = client.base + "/gw"
+        asked: list[str] = []
+
+        async def take_the_prefix_off(route: Route) -> None:
+            asked.append(route.request.url.removeprefix(prefixed))
+            await route.continue_(url=client.base + route.request.url.removeprefix(prefixed))
+
+        await page.route(prefixed + "/**", take_the_prefix_off)
+        await page.goto(prefixed + console.PAGE_PATH)
+        await sign_in(page, tokens.operator)
+        await expect(page.locator("#status")).to_have_attribute("data-state", "live", timeout=STEP_TIMEOUT_MS)
+        call = start_call(client, tokens.agent, "calc.add", {"a": 5, "b": 6})
+        approval_id = await pending_id(state)
+        await page.locator(f'[data-approval-id="{approval_id}"] [data-action="approve"]').click()
+        assert (await call)["result"] == 11
+        assert asked[0] == console.PAGE_PATH
+        assert f"{console.API_PATH}/stream" in asked and f"{console.API_PATH}/{approval_id}/approve" in asked
         await page.close()
