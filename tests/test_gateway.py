@@ -65,6 +65,12 @@ class Scripted:
     def is_dangerous(self, method: str) -> bool:
         return method in self.confirm
 
+    def task_mode(self, method: str) -> str:
+        return "never"
+
+    def deadline_for(self, method: str) -> float:
+        return 30.0
+
     async def has_tool(self, method: str) -> bool:
         self.asked += 1
         return method in self.tools_offered
@@ -411,6 +417,26 @@ async def test_without_a_prefix_tools_keep_their_own_names_and_the_first_server_
     await _on(rig.gateway, servers, "tools/call", {"name": "only_t", "arguments": {}})
     assert [(kind, method) for kind, method, _ in first.received] == [("tool", "add")]
     assert [(kind, method) for kind, method, _ in second.received] == [("tool", "only_t")]
+
+
+@pytest.mark.parametrize("known", [False, True])
+async def test_a_bare_name_that_starts_with_another_servers_prefix_reaches_the_server_that_lists_it(
+        known: bool) -> None:
+    # With "_" as separator, `test_tool_with_task` starts with server `test`'s prefix; `test` has no `tool_with_task`,
+    # a server without a prefix lists `test_tool_with_task` itself: the call goes where tools/list showed the tool.
+    prefixed = Scripted("test", ["simple_text", "tool"], known=known)
+    bare = Scripted("jobs", ["test_tool_with_task", "test_simple_text"], exposed="", known=known)
+    servers: dict[str, Upstream] = {"test": prefixed, "jobs": bare}
+    catalog = Catalog("_")
+    everyone = Principal("all", (Grant("all", "p.toml", allow=("*.*",)),))
+    assert await catalog.find_tool("test_tool_with_task", everyone, servers) == (bare, "test_tool_with_task")
+    # The prefixed server keeps a name it offers; one nobody offers stays its (answered as its unknown tool).
+    assert await catalog.find_tool("test_simple_text", everyone, servers) == (prefixed, "simple_text")
+    assert await catalog.find_tool("test_nothing", everyone, servers) == (prefixed, "nothing")
+    alone = {"test": prefixed}
+    asked = prefixed.asked
+    assert await catalog.find_tool("test_nothing", everyone, alone) == (prefixed, "nothing")
+    assert prefixed.asked == asked, "without a server lacking a prefix, the prefixed one is not asked"
 
 
 async def test_a_tool_without_a_prefix_is_found_among_the_servers_the_client_may_use_asking_none_it_may_not() -> None:
