@@ -134,8 +134,10 @@ class Daemon:
                 await self._site.stop()
             await self._admin.stop()
             state.sessions.broadcast_close()
-            # Calls parked for their callers' answers have nobody waiting on them: ended first, each child told.
+            # Calls parked for their callers' answers, and tasks, have nobody waiting on them: ended first, each child
+            # told (a task's outcome would be lost with the daemon anyway).
             state.continuations.abandon_parked()
+            state.modern_tasks.close()
             # aiohttp shields running handlers from its own shutdown timeout, so the gateway drains its calls itself.
             await state.inflight.drain(self.settings.shutdown_grace if grace is None else grace)
             # Approvals whose calls would have been sent again are withdrawn, and recorded so, before the log closes.

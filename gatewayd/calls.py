@@ -61,6 +61,9 @@ class CallContext:
     # Its request's body is over jsontext.LARGE_STRING bytes, so its arguments may hold a string that long: only then
     # are they looked through for one (forwarding.py). A shorter body cannot hold one.
     large: bool = False
+    # MCP 2026-07-28 only: whether the caller declared the tasks extension in this request (modern_tasks.py); None for
+    # a legacy or direct caller, whom the gateway never answers with a task.
+    tasks: bool | None = None
 
     def current_principal(self) -> Principal | None:
         """The client's principal in the config generation current now (a reload may have changed or removed it
@@ -110,6 +113,8 @@ class Call:
     _params_sha256: str | None = None
     # An ordinary call's "allow" decision (its fields), not yet written: its outcome record carries it (records.py).
     allowed: dict[str, Any] | None = None
+    # Whether the call may become a task of its modern caller, as its tool's tools.d `task` says (set once routed).
+    task_mode: str = "never"
 
     def __post_init__(self) -> None:
         if not self.method:

@@ -89,6 +89,11 @@ class Continuation:
         self._open: dict[str, Question] = {}
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # Told whenever the call's state changes: a question asked or settled, the call ended (a task's
+        # `lastUpdatedAt`, modern_tasks.py).
+        self.on_change: Callable[[], None] | None = None
+        # Why the call was abandoned, once it was: (outcome, reason).
+        self.abandoned: tuple[str, str] | None = None
         self.task: asyncio.Task[dict[str, Any]] = asyncio.ensure_future(call)
         self.task.add_done_callback(self._ended)
 
@@ -117,6 +122,11 @@ class Continuation:
     def decided(self, call: Call, still_allowed: Callable[[], None] | None) -> None:
         """The call was decided (Gateway._call): keep what a retry decides it again with."""
         self.call, self._still_allowed = call, still_allowed
+
+    def check(self) -> None:
+        """Decide the call again as of now: the route's "unknown" error when the client may no longer make it."""
+        if self._still_allowed is not None:
+            self._still_allowed()
 
     def resume(self, answers: dict[str, Any]) -> None:
         """A retry brings the caller's answers: decide the call again as of now (a reload may have taken the
@@ -173,18 +183,24 @@ class Continuation:
 
     # -- the caller's side -----------------------------------------------------------------------
 
-    async def wait(self) -> dict[str, Any] | list[Question]:
-        """The call's answer once it has one, or the questions its server asked since the last round. The waiting
-        request being cancelled (its caller went away) abandons the call."""
+    async def wait(self, timeout: float | None = None) -> dict[str, Any] | list[Question] | None:
+        """The call's answer once it has one, or the questions its server asked since the last round; None when
+        `timeout` seconds pass first (the call goes on). The waiting request being cancelled (its caller went away)
+        abandons the call."""
         if not self.task.done() and not self._fresh:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
-                await self._waiter
+                if timeout is None:
+                    await self._waiter
+                else:
+                    await asyncio.wait((self._waiter,), timeout=timeout)
             except asyncio.CancelledError:
                 self.abandon("disconnected", "the caller went away")
                 raise
             finally:
                 self._waiter = None
+            if not self.task.done() and not self._fresh:
+                return None
         if self.task.cancelled():
             # Abandoned while this request waited on it (the daemon stopping): an answer, not this request's cancel.
             raise RequestCancelled("the call was abandoned: the gateway is stopping")
@@ -207,8 +223,28 @@ class Continuation:
             else:
                 self._end(question, "not_answered", "the caller did not answer", relay.BAD_PARAMS)
 
+    def outstanding(self) -> list[Question]:
+        """The questions the child asked that wait for an answer, oldest first."""
+        return list(self._open.values())
+
+    def answer_some(self, answers: dict[str, Any]) -> None:
+        """Send the child the caller's answers to any of its open questions (a task's `tasks/update`): each key that
+        names one is settled (an answer that is no object ends it with an error, as an unanswered one); other keys
+        (never asked, answered already) are passed over, and the questions not answered stay open."""
+        for key, result in answers.items():
+            question = self._open.get(key) if isinstance(key, str) else None
+            if question is None:
+                continue
+            if isinstance(result, dict):
+                self._settle(question, "answered", {"jsonrpc": "2.0", "id": question.message.get("id"),
+                                                    "result": result})
+            else:
+                self._end(question, "not_answered", "the answer was not an object", relay.BAD_PARAMS)
+
     def abandon(self, outcome: str, reason: str) -> None:
         """End the call at the child and answer its open questions with an error."""
+        if self.abandoned is None and not self.task.done():
+            self.abandoned = outcome, reason
         for question in list(self._open.values()):
             code = relay.TIMED_OUT if outcome == "timeout" else relay.ENDED
             self._end(question, outcome, reason, code)
@@ -223,15 +259,24 @@ class Continuation:
             return
         question.done = True
         self._open.pop(question.key, None)
+        if question in self._fresh:
+            # Settled before any round took it (a task's answers come so): a call asking without end holds no more.
+            self._fresh.remove(question)
         sent = question.reply(reply)
         logger.info("client=%s server=%s %s %s (modern caller): %s%s", self.client, question.server,
                     question.message.get("method"), question.key, outcome, "" if sent else " (child not told)")
         self.registry.record(self.client, question.server, question.kind, outcome,
                              question.message.get("params"), question.key, time.monotonic() - question.started)
+        self._changed()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _ended(self, task: asyncio.Task[dict[str, Any]]) -> None:
         if not task.cancelled():

@@ -140,9 +140,12 @@ class MissingClientCapability(GatewayError):
     error_type = "missing_client_capability"
     structured = False
 
-    def __init__(self, capability: str) -> None:
-        super().__init__(f"the client did not declare the {capability!r} capability this request needs",
-                         {"requiredCapabilities": {capability: {}}})
+    def __init__(self, capability: str, extension: bool = False) -> None:
+        # An extension (SEP-2133) is declared under the capabilities' `extensions`, by its identifier.
+        required: dict[str, Any] = {"extensions": {capability: {}}} if extension else {capability: {}}
+        what = "extension" if extension else "capability"
+        super().__init__(f"the client did not declare the {capability!r} {what} this request needs",
+                         {"requiredCapabilities": required})
 
 
 class InputNotRelayed(GatewayError):

@@ -29,11 +29,18 @@ from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
 from gatewayd.confirmation import ConfirmationGate
-from gatewayd.errors import GatewayError, InternalError, InvalidParams, Overloaded, UpstreamError
+from gatewayd.errors import (
+    GatewayError,
+    InternalError,
+    InvalidParams,
+    MissingClientCapability,
+    Overloaded,
+    UpstreamError,
+)
 from gatewayd.forwarding import forward, send
 from gatewayd.inflight import Inflight
 from gatewayd.jsonrpc import Notification, Request, Response
-from gatewayd.modern import InputRequired
+from gatewayd.modern import TASKS_EXTENSION, InputRequired
 from gatewayd.paging import Pager
 from gatewayd.records import Records
 from gatewayd.relay import Relay
@@ -173,10 +180,15 @@ class Gateway:
         if confirmed:
             confirm = None
         check = still_allowed(call, target, self.records)
+        if call.ctx.tasks is not None and call.route == calls.TOOLS_CALL:
+            call.task_mode = target.server.task_mode(target.method)
         if call.ctx.on_decided is not None:
             call.ctx.on_decided(call, check)
         try:
             with self.inflight.track(call):
+                if call.task_mode == "required" and not call.ctx.tasks:
+                    # The tool runs only as a task (its tools.d `task`), and this caller cannot take one.
+                    raise MissingClientCapability(TASKS_EXTENSION, extension=True)
                 if confirm is not None:
                     await self.gate.confirm(call, confirm)
                 result = await forward(call, target, check, self.relay,

@@ -30,6 +30,11 @@ TOOLS_CHANGED: Final = "notifications/tools/list_changed"
 LIST_FILTERS: Final = {"toolsListChanged": TOOLS_CHANGED, "promptsListChanged": PROMPTS_CHANGED,
                        "resourcesListChanged": RESOURCES_CHANGED}
 RESOURCE_FILTER: Final = "resourceSubscriptions"
+# The tasks extension's filter (SEP-2663, modern_tasks.py): the task ids whose status changes the listener hears.
+TASK_FILTER: Final = "taskIds"
+TASKS_NOTIFICATION: Final = "notifications/tasks"
+# Tasks one listener may follow (as many as one client may hold, modern_tasks.MAX_TASKS_PER_CLIENT).
+MAX_TASK_SUBSCRIPTIONS: Final = 64
 # Open listen streams in all: each holds a connection and a queue; a client needs one or two.
 MAX_LISTENERS: Final = 1024
 # Open listen streams one client may hold, so that one client cannot take every slot.
@@ -74,11 +79,25 @@ def requested(params: Any) -> tuple[set[str], list[str]]:
     return wanted, list(dict.fromkeys(uris))
 
 
-def acknowledgement(listener: Listener, uris: list[str]) -> dict[str, Any]:
-    """The first message of a listen stream: what of the filter the gateway honours (URIs it could subscribe to)."""
+def requested_tasks(params: Any) -> list[str]:
+    """The task ids a listen request asks to follow (-32602 if malformed); its filter is checked by `requested`."""
+    notifications = params.get("notifications") if isinstance(params, dict) else None
+    task_ids = notifications.get(TASK_FILTER, []) if isinstance(notifications, dict) else []
+    if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
+        raise InvalidParams(f"subscriptions/listen params.notifications.{TASK_FILTER} must be a list of task ids")
+    if len(task_ids) > MAX_TASK_SUBSCRIPTIONS:
+        raise InvalidParams(f"subscriptions/listen: at most {MAX_TASK_SUBSCRIPTIONS} task ids")
+    return list(dict.fromkeys(task_ids))
+
+
+def acknowledgement(listener: Listener, uris: list[str], task_ids: list[str] | None = None) -> dict[str, Any]:
+    """The first message of a listen stream: what of the filter the gateway honours (URIs it could subscribe to,
+    tasks it will tell of)."""
     honoured: dict[str, Any] = {key: True for key, method in LIST_FILTERS.items() if method in listener.wanted}
     if uris:
         honoured[RESOURCE_FILTER] = uris
+    if task_ids:
+        honoured[TASK_FILTER] = task_ids
     return {"jsonrpc": "2.0", "method": ACKNOWLEDGED,
             "params": {"notifications": honoured, "_meta": {SUBSCRIPTION_ID_KEY: listener.subscription_id}}}
 

@@ -44,17 +44,21 @@ SUBSCRIPTION_ID_KEY: Final = "io.modelcontextprotocol/subscriptionId"
 
 DISCOVER: Final = "server/discover"
 LISTEN: Final = "subscriptions/listen"
+# The tasks extension (SEP-2663, modern_tasks.py): declared per request under the client capabilities' `extensions`,
+# advertised by `server/discover`; its methods, each about one task named by `params.taskId`.
+TASKS_EXTENSION: Final = "io.modelcontextprotocol/tasks"
+TASK_METHODS: Final = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 # The methods 2026-07-28 removed from the core protocol (changelog.mdx): answered 404 + -32601 as unknown ones are.
-# Tasks moved to an extension this gateway does not offer in that era yet.
+# Tasks moved to an extension whose methods are TASK_METHODS: `tasks/result` and `tasks/list` are gone.
 REMOVED: Final = frozenset({
     "initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
-    "tasks/get", "tasks/result", "tasks/list", "tasks/cancel",
+    "tasks/result", "tasks/list",
 })
 # MCP methods a modern request may name; anything else with a `/` is unknown. A dotted `server.method` is a plain
 # JSON-RPC call to a tool server, decided by policy as in the legacy era.
 SERVED: Final = frozenset({
     DISCOVER, LISTEN, "tools/list", "tools/call", *surfaces.LISTS, "resources/read", "prompts/get",
-    "completion/complete",
+    "completion/complete", *TASK_METHODS,
 })
 # Results a client may cache (SEP-2549): every list, a resource's contents, and discovery.
 CACHEABLE: Final = frozenset({DISCOVER, "tools/list", *surfaces.LISTS, "resources/read"})
@@ -91,6 +95,11 @@ class Envelope:
     def declares(self, capability: str) -> bool:
         """Whether the client declared `capability` (an object) for this request."""
         return isinstance(self.capabilities.get(capability), dict)
+
+    def declares_extension(self, extension: str) -> bool:
+        """Whether the client declared the extension `extension` (an object under `extensions`) for this request."""
+        extensions = self.capabilities.get("extensions")
+        return isinstance(extensions, dict) and isinstance(extensions.get(extension), dict)
 
     def wants_log(self, level: Any) -> bool:
         """Whether a `notifications/message` at `level` reaches this request's caller."""
@@ -153,8 +162,10 @@ def discover_result(capabilities: dict[str, Any], instructions: str) -> dict[str
 
 
 def modern_capabilities(legacy: dict[str, Any]) -> dict[str, Any]:
-    """The capabilities of the modern era: the legacy ones but tasks (an extension there, not offered yet)."""
-    return {name: value for name, value in legacy.items() if name != "tasks"}
+    """The capabilities of the modern era: the legacy ones but tasks, which are an extension there."""
+    capabilities = {name: value for name, value in legacy.items() if name != "tasks"}
+    capabilities["extensions"] = {**capabilities.get("extensions", {}), TASKS_EXTENSION: {}}
+    return capabilities
 
 
 def finish(method: str, result: Any, server_info: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from gatewayd.generation import Generation
 from gatewayd.inflight import Inflight
 from gatewayd.listeners import Listeners
 from gatewayd.metrics import Metrics
+from gatewayd.modern_tasks import Tasks
 from gatewayd.policy import Principal
 from gatewayd.request_state import Sealer
 from gatewayd.sessions import Sessions
@@ -60,6 +61,8 @@ class DaemonState:
     request_states: Sealer = field(default_factory=Sealer)
     # Modern calls kept running between an input-required answer and its retry (continuations.py).
     continuations: Continuations = field(default_factory=Continuations)
+    # Modern calls their callers poll as tasks (modern_tasks.py).
+    modern_tasks: Tasks = field(default_factory=Tasks)
 
     def __post_init__(self) -> None:
         self.sessions.attach(self.listeners)

@@ -76,6 +76,10 @@ class MethodConfig(_Strict):
     confirm: bool = False
     # Runs only once its decision is fsync'd to the audit log; refused when that cannot be done.
     dangerous: bool = False
+    # An MCP tool's call by a 2026-07-28 caller that declares the tasks extension (modern_tasks.py): "optional" or
+    # "required" makes a call still running after a moment a task the caller polls; "required" also refuses (-32021)
+    # such a caller that does not declare the extension. Legacy and direct callers run it as any call.
+    task: Literal["never", "optional", "required"] = "never"
 
 
 class ServerConfig(_Strict):
@@ -192,6 +196,11 @@ class ServerConfig(_Strict):
         """Whether `method` is marked `dangerous = true` here."""
         declared = self.methods.get(method)
         return declared is not None and declared.dangerous
+
+    def task_mode(self, method: str) -> str:
+        """How a modern caller's call of `method` may become a task: "never", "optional" or "required"."""
+        declared = self.methods.get(method)
+        return declared.task if declared is not None else "never"
 
     def timeout_for(self, method: str) -> float:
         """The call deadline for `method`: its own override, else the server's."""

@@ -146,6 +146,15 @@ class Upstream(Protocol):
         """Whether a call of `method` may run only once its decision is durably in the audit log."""
         ...
 
+    def task_mode(self, method: str) -> str:
+        """Whether a 2026-07-28 caller's call of `method` may become a task (modern_tasks.py): "never", "optional" or
+        "required", as its tools.d file says."""
+        ...
+
+    def deadline_for(self, method: str) -> float:
+        """Seconds a call of `method` may run at most (its tools.d timeout, else the server's `call_timeout`)."""
+        ...
+
     async def has_tool(self, method: str) -> bool:
         """Whether the server offers `method` (may start it, to ask)."""
         ...

@@ -101,6 +101,12 @@ class Fleet:
     def is_dangerous(self, method: str) -> bool:
         return self.config.is_dangerous(method)
 
+    def task_mode(self, method: str) -> str:
+        return self.config.task_mode(method)
+
+    def deadline_for(self, method: str) -> float:
+        return self.config.timeout_for(method)
+
     async def has_tool(self, method: str) -> bool:
         return await self.lister.has_tool(method)
 

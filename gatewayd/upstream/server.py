@@ -397,6 +397,13 @@ class ToolServer:
         """Whether a call of `method` may run only once its decision is durably in the audit log."""
         return self.config.is_dangerous(method)
 
+    def task_mode(self, method: str) -> str:
+        """Whether a 2026-07-28 caller's call of `method` may become a task: its tools.d `task`."""
+        return self.config.task_mode(self.dialect.settings_name(method))
+
+    def deadline_for(self, method: str) -> float:
+        return self.config.timeout_for(self.dialect.settings_name(method))
+
     async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
         """An MCP `tools/call` of `tool`, answered as a CallToolResult."""
         conn, timeout = await self._running_in_slot(tool, delivery)
@@ -436,7 +443,7 @@ class ToolServer:
     async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
         its deadline."""
-        timeout = self.config.timeout_for(self.dialect.settings_name(method))
+        timeout = self.deadline_for(method)
         if delivery.timeout is not None and delivery.timeout < timeout:
             timeout = delivery.timeout
         await self._admit(timeout, delivery.client)

@@ -21,17 +21,25 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from gatewayd import __version__, jsonrpc, jsontext, modern, request_state
+from gatewayd import __version__, jsonrpc, jsontext, modern, modern_tasks, request_state
 from gatewayd.calls import CallContext, Emit
 from gatewayd.continuations import Continuation
 from gatewayd.errors import (
     GatewayError,
     HeaderMismatch,
     InvalidRequest,
+    MissingClientCapability,
     RequestCancelled,
     error_response,
 )
-from gatewayd.listeners import Listener, acknowledgement, requested, subscribed_updates
+from gatewayd.listeners import (
+    TASKS_NOTIFICATION,
+    Listener,
+    acknowledgement,
+    requested,
+    requested_tasks,
+    subscribed_updates,
+)
 from gatewayd.policy import Principal
 from gatewayd.sessions import SUPPORTED_VERSIONS
 from gatewayd.state import DaemonState
@@ -46,7 +54,8 @@ NAME_HEADER: Final = "Mcp-Name"
 PARAM_PREFIX: Final = "Mcp-Param-"
 SESSION_HEADER: Final = "Mcp-Session-Id"
 # The body field each named method mirrors in `Mcp-Name` (transports/streamable-http.mdx).
-NAMED: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+NAMED: Final = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+                 **dict.fromkeys(modern.TASK_METHODS, "taskId")}
 # The schema keyword that mirrors a tool argument in an `Mcp-Param-<token>` header (SEP-2243).
 X_MCP_HEADER: Final = "x-mcp-header"
 # A header value that is not plain ASCII travels as `=?base64?<base64 of its UTF-8>?=`.
@@ -107,6 +116,7 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
         if message.method == "tools/call":
             await _check_param_headers(request, state, principal, message)
         retry, message = _retry(state, principal, message)
+        message = _without_task_param(message)
         resumed = _resumed(state, principal, retry)
         if resumed is not None:
             # A parked call's own context goes on; this request only waits for it (and may cancel it).
@@ -117,7 +127,8 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
         return _error(message.id, exc)
     ctx = CallContext(principal, state.generation.servers, None, on_disconnect=limits.on_disconnect(request),
                       authority=state.principal, asker=modern.Asker(envelope, retry),
-                      large=body.size > jsontext.LARGE_STRING)
+                      large=body.size > jsontext.LARGE_STRING,
+                      tasks=envelope.declares_extension(modern.TASKS_EXTENSION))
     if sse_ok:
         return await _answer_sse(request, state, ctx, message, envelope, resumed)
     answer = await _cancellable(state, ctx, message, envelope, resumed)
@@ -202,6 +213,15 @@ def _retry(state: DaemonState, principal: Principal, message: jsonrpc.Request) \
     return modern.Retry(answers, opened), jsonrpc.Request(message.id, message.method, call)
 
 
+def _without_task_param(message: jsonrpc.Request) -> jsonrpc.Request:
+    """A `tools/call` without the 2025-11-25 `task` member: in this era the server decides what becomes a task
+    (SEP-2663), and a caller's old hint is passed over, not sent on to a child."""
+    params = message.params
+    if message.method != "tools/call" or not isinstance(params, dict) or "task" not in params:
+        return message
+    return jsonrpc.Request(message.id, message.method, {key: value for key, value in params.items() if key != "task"})
+
+
 def _resumed(state: DaemonState, principal: Principal, retry: modern.Retry | None) -> Continuation | None:
     """The parked call a retry's state names (taken: a state resumes its call once), else None."""
     if retry is None or retry.state is None or retry.state.kind != request_state.CONTINUATION:
@@ -274,6 +294,13 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
         result: Any = modern.discover_result(modern.modern_capabilities(legacy["capabilities"]),
                                              legacy["instructions"])
         return jsonrpc.result_response(message.id, modern.finish(message.method, result, SERVER_INFO))
+    if message.method in modern.TASK_METHODS:
+        assert isinstance(ctx.asker, modern.Asker)
+        try:
+            result = state.modern_tasks.answer(ctx.principal.name, message.method, message.params, envelope)
+        except GatewayError as exc:
+            return error_response(message.id, exc)
+        return jsonrpc.result_response(message.id, modern.finish(message.method, result, SERVER_INFO))
     answer = await _run(state, ctx, message, resumed)
     if "result" in answer:
         result = answer["result"]
@@ -288,14 +315,26 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
     return answer
 
 
-def _askable(ctx: CallContext, message: jsonrpc.Request) -> modern.Asker | None:
-    """The call's asker when its tool server's questions could be put to its caller: a method answerable with an
-    input-required result, from a caller that declared something it can be asked. Any other call runs inline (a
-    plain call pays for no task)."""
+def _askable(ctx: CallContext, message: jsonrpc.Request, tasking: bool) -> modern.Asker | None:
+    """The call's asker when it runs as a continuation: a method answerable with an input-required result, from a
+    caller that declared something it can be asked (its tool server's questions can be put to it), or a call that
+    may become a task (`tasking`). Any other call runs inline (a plain call pays for no continuation)."""
     asker = ctx.asker
-    if isinstance(asker, modern.Asker) and asker.capabilities and message.method in modern.INPUT_METHODS:
+    if isinstance(asker, modern.Asker) and message.method in modern.INPUT_METHODS and (asker.capabilities or tasking):
         return asker
     return None
+
+
+async def _may_be_task(state: DaemonState, ctx: CallContext, message: jsonrpc.Request) -> bool:
+    """Whether the call may become a task: a tool call, from a caller that declares the extension, of a tool whose
+    tools.d `task` allows it (looked up as routing will find it; the pipeline decides the call itself)."""
+    if message.method != "tools/call" or not isinstance(message.params, dict):
+        return False
+    name = message.params.get("name")
+    if not isinstance(name, str):
+        return False
+    found = await state.gateway.catalog.find_tool(name, ctx.principal, ctx.servers)
+    return found is not None and found[0].task_mode(found[1]) != "never"
 
 
 async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
@@ -303,8 +342,9 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
     """The call's answer, or an input-required result carrying its tool server's questions (continuations.py): the
     call then stays parked until the caller's retry (`resumed`) brings the answers."""
     continuation = resumed
+    tasking = bool(ctx.tasks) and await _may_be_task(state, ctx, message)
     if continuation is None:
-        asker = _askable(ctx, message)
+        asker = _askable(ctx, message, tasking)
         if asker is None:
             return await state.gateway.dispatch(ctx, message)
         # The call outlives this request: its events go where the current request says, its end is the
@@ -315,12 +355,24 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
         inner.on_decided = continuation.decided
         asker.continuation = continuation
     continuation.attach(ctx.emit)
+    task = None
     try:
-        outcome = await continuation.wait()
+        outcome = await continuation.wait(modern_tasks.TASK_AFTER if tasking else None)
+        if outcome is None:
+            task = _as_task(state, ctx, continuation)
+            if task is not None:
+                return jsonrpc.result_response(message.id, {**task.view(), "resultType": modern_tasks.RESULT_TYPE})
+            outcome = await continuation.wait()
     except GatewayError as exc:
         return error_response(message.id, exc)
     finally:
-        continuation.detach()
+        if task is None:
+            continuation.detach()
+        else:
+            # A task's call goes on with nobody to tell its progress or log messages (SEP-2663: tasks carry none).
+            continuation.attach(_nowhere)
+    if outcome is None:
+        raise AssertionError("a wait without a timeout has an outcome")
     if isinstance(outcome, dict):
         return {**outcome, "id": message.id}
     try:
@@ -328,19 +380,35 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
     except GatewayError as exc:
         logger.info("client=%s %s: %s", ctx.principal.name, message.method[:64], exc.message)
         return error_response(message.id, exc)
-    requests = {question.key: _input_request(question.message) for question in outcome}
+    requests = {question.key: modern_tasks.input_request(question.message) for question in outcome}
     parked = modern.GatewayState(request_state.CONTINUATION, {"c": continuation.id})
     return jsonrpc.result_response(message.id, {"resultType": modern.INPUT_REQUIRED, "inputRequests": requests,
                                                 "requestState": parked})
 
 
-def _input_request(message: dict[str, Any]) -> dict[str, Any]:
-    """A child's request as an input request: its method and params, without its `_meta` (the child's own)."""
-    request: dict[str, Any] = {"method": message.get("method")}
-    params = message.get("params")
-    if isinstance(params, dict):
-        request["params"] = {name: value for name, value in params.items() if name != "_meta"}
-    return request
+def _as_task(state: DaemonState, ctx: CallContext, continuation: Continuation) -> modern_tasks.Task | None:
+    """The still running call made a task of its caller, when its tool may be one (tools.d `task`, as decided) and
+    the caller has room for it; None otherwise (the call is answered when it ends)."""
+    call = continuation.call
+    if call is None or call.task_mode == "never":
+        return None
+    name, _, method = call.method.partition(".")
+    server = ctx.servers.get(name)
+    if server is None:
+        return None
+    task = state.modern_tasks.create(ctx.principal.name, continuation, server.deadline_for(method), _finish_call)
+    if task is not None:
+        logger.info("client=%s %s runs on as task %s", ctx.principal.name, call.method[:64], task.id[:8])
+    return task
+
+
+def _finish_call(result: dict[str, Any]) -> dict[str, Any]:
+    finished: dict[str, Any] = modern.finish("tools/call", result, SERVER_INFO)
+    return finished
+
+
+def _nowhere(_message: dict[str, Any]) -> None:
+    return None
 
 
 async def _answer_sse(request: web.Request, state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
@@ -360,12 +428,20 @@ async def _listen(request: web.Request, state: DaemonState, principal: Principal
     """A `subscriptions/listen` stream: the acknowledgement, then the notifications its filter asked for that this
     client may see, until the client goes away or the daemon stops (then the listen result ends it)."""
     wanted, uris = requested(message.params)
+    task_ids = requested_tasks(message.params)
+    if task_ids:
+        if not envelope.declares_extension(modern.TASKS_EXTENSION):
+            raise MissingClientCapability(modern.TASKS_EXTENSION, extension=True)
+        wanted.add(TASKS_NOTIFICATION)
     listener = state.listeners.open(principal.name, envelope, message.id, wanted)
+    followed: list[str] = []
     try:
         subscribed = await _subscribe(state, principal, listener, uris, message)
+        # Each task followed is told as it stands first (queued: written after the acknowledgement).
+        followed = state.modern_tasks.watch(principal.name, task_ids, listener)
         response = web.StreamResponse(headers=sse.HEADERS)
         await response.prepare(request)
-        await response.write(bodies.event(acknowledgement(listener, subscribed)))
+        await response.write(bodies.event(acknowledgement(listener, subscribed, followed)))
         ended = await _stream(response, listener, state.settings.sse_keepalive)
         if ended:
             result = modern.finish(modern.LISTEN, {"_meta": {modern.SUBSCRIPTION_ID_KEY: message.id}}, SERVER_INFO)
@@ -375,6 +451,7 @@ async def _listen(request: web.Request, state: DaemonState, principal: Principal
         logger.debug("client=%s listen stream closed", principal.name)
         return web.Response(status=204)
     finally:
+        state.modern_tasks.unwatch(followed, listener)
         state.listeners.close(listener)
 
 

@@ -241,3 +241,15 @@ def test_what_one_load_returns_cannot_change_the_next(tmp_path: Path) -> None:
     first["properties"]["a"]["type"] = "string"
     second = load_snapshot(tmp_path).servers["calc"].methods["add"].input_schema
     assert second == {"type": "object", "required": ["a"], "properties": {"a": {"type": "number"}}}
+
+
+def test_a_methods_task_is_read_and_a_bad_value_names_file_line_and_key(tmp_path: Path) -> None:
+    write_config(tmp_path, {"a": 'command = ["true"]\n[methods.build]\ntask = "optional"\n[methods.ship]\n'
+                                 'task = "required"\n[methods.look]\ntimeout = "1s"\n'})
+    server = load_snapshot(tmp_path).servers["a"]
+    assert [server.task_mode(tool) for tool in ("build", "ship", "look", "unlisted")] == \
+        ["optional", "required", "never", "never"]
+    write_config(tmp_path, {"a": 'command = ["true"]\n[methods.build]\ntask = "always"\n'})
+    (message,) = errors_of(tmp_path)
+    assert message.startswith(f"{tmp_path / 'tools.d' / 'a.toml'}:3 [methods.build.task]: ")
+    assert "'never', 'optional' or 'required'" in message

@@ -1,0 +1,295 @@
+"""Tasks of MCP 2026-07-28 callers (the `io.modelcontextprotocol/tasks` extension, SEP-2663): tool calls the gateway
+runs on, for its caller to poll.
+
+No tool server needs to know tasks: the gateway makes them. A `tools/call` of a tool whose tools.d `task` is
+"optional" or "required", from a caller that declares the extension in that request, runs as a continuation
+(continuations.py). What the call says within TASK_AFTER seconds is answered as for any call — its result, its
+error, a modern child's input-required result, the confirmation gate's question — so a quick call costs no polling
+and the questions a call must have answered before it can start are asked synchronously. A call still running then
+becomes a task: its caller gets a CreateTaskResult (the task exists before that answer leaves), and `tasks/get`
+says how the call stands: `working`; `input_required` with every question its server asked and nobody answered yet
+(`inputRequests`, answered by `tasks/update`, any of them at a time); `completed` with its result (a tool's own
+failure included, `isError`); `failed` with the JSON-RPC error it ended with; `cancelled` once `tasks/cancel`
+abandoned it (the child is told). A call of a "required" tool by a modern caller without the extension is refused
+with -32021 (gateway.py); legacy and direct callers run such a tool as any call.
+
+Owns the table: each task bound to the client that made it — to anyone else it does not exist (-32602, as an id
+nobody made), and neither does it once that client may no longer call its tool (each `tasks/get`, `tasks/update`
+and `tasks/cancel` decides the call again: a reload may have taken the permission away). A task is kept for its
+`ttlMs` (its call's deadline and RESULT_KEEP more, so its outcome can be read), MAX_TASKS_PER_CLIENT per client and
+MAX_TASKS in all: past either, the client's oldest finished task makes room, and with none finished the call is
+answered when it ends, as without the extension. Does not own the call (gateway.py), the questions
+(continuations.py), or HTTP and the era's envelope (web/modern.py, modern.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from gatewayd.continuations import Continuation
+from gatewayd.errors import (
+    INTERNAL_ERROR,
+    METHOD_NOT_FOUND,
+    REQUEST_CANCELLED,
+    GatewayError,
+    InvalidParams,
+    MissingClientCapability,
+)
+from gatewayd.modern import INPUT_REQUIRED, TASKS_EXTENSION, Envelope, answers_of
+
+logger = logging.getLogger(__name__)
+
+TASKS_NOTIFICATION: Final = "notifications/tasks"
+
+GET: Final = "tasks/get"
+UPDATE: Final = "tasks/update"
+CANCEL: Final = "tasks/cancel"
+# Seconds a call that may become a task has to answer before it does: long enough for a call that answers at once
+# (and for the questions that must come before the work starts) to be answered inline, short enough that no caller
+# holds a request open for long work.
+TASK_AFTER: Final = 0.25
+# Seconds a task outlives its call's deadline, so its outcome can still be read.
+RESULT_KEEP: Final = 300.0
+# How often a caller is told to poll, milliseconds.
+POLL_INTERVAL_MS: Final = 500
+# Tasks kept for one client, and in all: each may hold its call's result until its ttl.
+MAX_TASKS_PER_CLIENT: Final = 64
+MAX_TASKS: Final = 4096
+# Random bytes of a task id: the id is the only thing naming a task in a request, so it must not be guessed.
+ID_BYTES: Final = 18
+# The `resultType` of a CreateTaskResult: the call goes on as a task.
+RESULT_TYPE: Final = "task"
+
+
+def _timestamp(seconds: float) -> str:
+    """ISO 8601 in UTC, to the millisecond."""
+    whole = int(seconds)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((seconds - whole) * 1000):03d}Z"
+
+
+def input_request(message: dict[str, Any]) -> dict[str, Any]:
+    """A child's request as an input request: its method and params, without its `_meta` (the child's own)."""
+    request: dict[str, Any] = {"method": message.get("method")}
+    params = message.get("params")
+    if isinstance(params, dict):
+        request["params"] = {name: value for name, value in params.items() if name != "_meta"}
+    return request
+
+
+class Watcher(Protocol):
+    """Who hears a task's changes: a `subscriptions/listen` stream (listeners.Listener)."""
+
+    def push(self, message: dict[str, Any] | None) -> None: ...
+
+
+def unknown(task_id: str) -> InvalidParams:
+    return InvalidParams(f"Unknown task: {task_id[:64]}")
+
+
+@dataclass(eq=False)
+class Task:
+    """One call its caller polls: its id, whose it is, the call, and when it was made and last changed."""
+
+    id: str
+    client: str
+    continuation: Continuation
+    created: float
+    updated: float
+    expires: float  # time.monotonic() after which the task is forgotten
+    ttl_ms: int
+    # Finishes a result as the era carries it (modern.finish with the gateway's identity).
+    finish: Callable[[dict[str, Any]], dict[str, Any]]
+    cancelled: bool = False
+    # The `subscriptions/listen` streams following the task (listeners.py), each once: each change is pushed to
+    # them. (A listener is a dataclass compared by value: these lists are searched by identity.)
+    watchers: list[Watcher] = field(default_factory=list)
+
+    def touch(self) -> None:
+        self.updated = time.time()
+        if self.watchers:
+            self.tell()
+
+    def tell(self) -> None:
+        """Push the task as it stands to its watchers (`notifications/tasks`: the whole DetailedTask)."""
+        notification = {"jsonrpc": "2.0", "method": TASKS_NOTIFICATION, "params": self.view()}
+        for watcher in self.watchers:
+            watcher.push(notification)
+
+    def terminal(self) -> bool:
+        return self.continuation.task.done() or self.cancelled
+
+    def view(self) -> dict[str, Any]:
+        """The task as `tasks/get` answers it (a DetailedTask): its status and what goes with it."""
+        status, detail = self._status()
+        return {"taskId": self.id, "status": status, "createdAt": _timestamp(self.created),
+                "lastUpdatedAt": _timestamp(self.updated), "ttlMs": self.ttl_ms, "pollIntervalMs": POLL_INTERVAL_MS,
+                **detail}
+
+    def _status(self) -> tuple[str, dict[str, Any]]:
+        continuation = self.continuation
+        call = continuation.task
+        if self.cancelled:
+            return "cancelled", {}
+        if call.done():
+            return self._outcome()
+        questions = continuation.outstanding()
+        if questions:
+            return "input_required", {"inputRequests": {q.key: input_request(q.message) for q in questions}}
+        return "working", {}
+
+    def _outcome(self) -> tuple[str, dict[str, Any]]:
+        call = self.continuation.task
+        if call.cancelled():
+            _, reason = self.continuation.abandoned or ("", "the call was cancelled")
+            return "failed", {"error": {"code": REQUEST_CANCELLED, "message": reason}}
+        if call.exception() is not None:
+            return "failed", {"error": {"code": INTERNAL_ERROR, "message": "internal error"}}
+        answer = call.result()
+        if "error" in answer:
+            return "failed", {"error": answer["error"]}
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            result = {}
+        if result.get("resultType") == INPUT_REQUIRED:
+            # A modern child's questions once its caller has moved on to polling: not put to the caller (yet).
+            return "failed", {"error": {"code": METHOD_NOT_FOUND, "message": "the tool server asked its caller for "
+                                        "input after the call became a task; a task cannot carry that question"}}
+        return "completed", {"result": self.finish(result)}
+
+
+class Tasks:
+    """Every task of modern callers, by id; the order they expire in."""
+
+    def __init__(self, max_per_client: int = MAX_TASKS_PER_CLIENT, max_tasks: int = MAX_TASKS) -> None:
+        self.max_per_client = max_per_client
+        self.max_tasks = max_tasks
+        self._tasks: dict[str, Task] = {}
+        self._by_client: dict[str, list[Task]] = {}
+        self._expiry: list[tuple[float, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def create(self, client: str, continuation: Continuation, deadline: float,
+               finish: Callable[[dict[str, Any]], dict[str, Any]]) -> Task | None:
+        """Make the running call a task of `client`, kept until `deadline` seconds from now and RESULT_KEEP more;
+        None when there is no room (no finished task of the client to make it)."""
+        self._expire()
+        if not self._room(client):
+            logger.info("client=%s holds %d tasks (%d in all): the call is answered when it ends", client,
+                        len(self._by_client.get(client, ())), len(self._tasks))
+            return None
+        now, keep = time.time(), deadline + RESULT_KEEP
+        task = Task(secrets.token_urlsafe(ID_BYTES), client, continuation, now, now, time.monotonic() + keep,
+                    int(keep * 1000), finish)
+        continuation.on_change = task.touch
+        self._tasks[task.id] = task
+        self._by_client.setdefault(client, []).append(task)
+        heapq.heappush(self._expiry, (task.expires, task.id))
+        return task
+
+    def answer(self, client: str, method: str, params: Any, envelope: Envelope) -> dict[str, Any]:
+        """`tasks/get`, `tasks/update` or `tasks/cancel` of `client`: the result (an empty one acknowledges). -32021
+        for a caller that did not declare the extension (before its task is looked up), -32602 for a task it does
+        not have."""
+        if not envelope.declares_extension(TASKS_EXTENSION):
+            raise MissingClientCapability(TASKS_EXTENSION, extension=True)
+        task_id = params.get("taskId") if isinstance(params, dict) else None
+        if not isinstance(task_id, str):
+            raise InvalidParams("params.taskId must be the string a CreateTaskResult gave")
+        task = self._find(client, task_id)
+        if method == GET:
+            return task.view()
+        if method == UPDATE:
+            assert isinstance(params, dict)
+            answers = answers_of(params)
+            if not task.terminal():
+                task.continuation.answer_some(answers)
+            return {}
+        if not task.terminal():
+            task.cancelled = True
+            task.touch()
+            task.continuation.abandon("cancelled", "the caller cancelled the task")
+            logger.info("client=%s task %s cancelled", client, task.id[:8])
+        return {}
+
+    def watch(self, client: str, task_ids: list[str], watcher: Watcher) -> list[str]:
+        """Push each change of the client's tasks among `task_ids` to `watcher` (as it stands now, at once); the
+        ids followed: another client's task, or none, is passed over as an unknown one is."""
+        followed = []
+        for task_id in task_ids:
+            try:
+                task = self._find(client, task_id)
+            except GatewayError:
+                continue
+            if all(other is not watcher for other in task.watchers):
+                task.watchers.append(watcher)
+            followed.append(task_id)
+            task.tell()
+        return followed
+
+    def unwatch(self, task_ids: list[str], watcher: Watcher) -> None:
+        """The watcher's stream ended."""
+        for task_id in task_ids:
+            task = self._tasks.get(task_id)
+            if task is not None:
+                task.watchers = [other for other in task.watchers if other is not watcher]
+
+    def _find(self, client: str, task_id: str) -> Task:
+        self._expire()
+        task = self._tasks.get(task_id)
+        if task is None or task.client != client:
+            raise unknown(task_id)
+        if not task.continuation.task.done():
+            try:
+                task.continuation.check()
+            except GatewayError:
+                # No longer the client's to call: its task is gone with its permission.
+                task.continuation.abandon("denied", "the client may no longer make this call")
+                self._drop(task)
+                raise unknown(task_id) from None
+        return task
+
+    def _room(self, client: str) -> bool:
+        own = self._by_client.get(client, [])
+        if len(own) < self.max_per_client and len(self._tasks) < self.max_tasks:
+            return True
+        finished = next((task for task in own if task.terminal()), None)
+        if finished is None:
+            return False
+        self._drop(finished)
+        return len(self._tasks) < self.max_tasks
+
+    def _drop(self, task: Task) -> None:
+        task.watchers.clear()
+        if self._tasks.pop(task.id, None) is None:
+            return
+        own = self._by_client.get(task.client, [])
+        if task in own:
+            own.remove(task)
+        if not own:
+            self._by_client.pop(task.client, None)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._expiry and self._expiry[0][0] <= now:
+            _, task_id = heapq.heappop(self._expiry)
+            task = self._tasks.get(task_id)
+            if task is not None:
+                if not task.continuation.task.done():
+                    task.continuation.abandon("expired", "the task outlived its ttl")
+                self._drop(task)
+
+    def close(self) -> None:
+        """End every task's call and forget them all (the daemon stops: nobody could read their outcome after)."""
+        for task in self._tasks.values():
+            task.continuation.abandon("shutdown", "the gateway is stopping")
+        self._tasks.clear()
+        self._by_client.clear()
+        self._expiry.clear()
