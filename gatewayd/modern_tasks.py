@@ -8,10 +8,13 @@ error, a modern child's input-required result, the confirmation gate's question 
 and the questions a call must have answered before it can start are asked synchronously. A call still running then
 becomes a task: its caller gets a CreateTaskResult (the task exists before that answer leaves), and `tasks/get`
 says how the call stands: `working`; `input_required` with every question its server asked and nobody answered yet
-(`inputRequests`, answered by `tasks/update`, any of them at a time); `completed` with its result (a tool's own
-failure included, `isError`); `failed` with the JSON-RPC error it ended with; `cancelled` once `tasks/cancel`
-abandoned it (the child is told). A call of a "required" tool by a modern caller without the extension is refused
-with -32021 (gateway.py); legacy and direct callers run such a tool as any call.
+(`inputRequests`, answered by `tasks/update`, any of them at a time) — or, when a modern (2026-07-28) server
+answered the call with questions of its own (an input-required result), those, and `tasks/update` sends the call
+again with the answers and the server's state (a round of its own through the pipeline, at most MAX_ROUNDS);
+`completed` with its result (a tool's own failure included, `isError`); `failed` with the JSON-RPC error it ended
+with; `cancelled` once `tasks/cancel` abandoned it (the child is told). `subscriptions/listen` streams that follow a
+task hear each change (`notifications/tasks`, listeners.py). A call of a "required" tool by a modern caller without
+the extension is refused with -32021 (gateway.py); legacy and direct callers run such a tool as any call.
 
 Owns the table: each task bound to the client that made it — to anyone else it does not exist (-32602, as an id
 nobody made), and neither does it once that client may no longer call its tool (each `tasks/get`, `tasks/update`
@@ -35,7 +38,7 @@ from typing import Any, Final, Protocol
 from gatewayd.continuations import Continuation
 from gatewayd.errors import (
     INTERNAL_ERROR,
-    METHOD_NOT_FOUND,
+    INVALID_PARAMS,
     REQUEST_CANCELLED,
     GatewayError,
     InvalidParams,
@@ -61,6 +64,8 @@ POLL_INTERVAL_MS: Final = 500
 # Tasks kept for one client, and in all: each may hold its call's result until its ttl.
 MAX_TASKS_PER_CLIENT: Final = 64
 MAX_TASKS: Final = 4096
+# Rounds of questions a modern tool server may answer a task's call with (as dialects.MAX_INPUT_ROUNDS).
+MAX_ROUNDS: Final = 8
 # Random bytes of a task id: the id is the only thing naming a task in a request, so it must not be guessed.
 ID_BYTES: Final = 18
 # The `resultType` of a CreateTaskResult: the call goes on as a task.
@@ -80,6 +85,9 @@ def input_request(message: dict[str, Any]) -> dict[str, Any]:
     if isinstance(params, dict):
         request["params"] = {name: value for name, value in params.items() if name != "_meta"}
     return request
+
+
+AskAgain = Callable[[dict[str, Any], Any], Continuation]
 
 
 class Watcher(Protocol):
@@ -105,6 +113,10 @@ class Task:
     ttl_ms: int
     # Finishes a result as the era carries it (modern.finish with the gateway's identity).
     finish: Callable[[dict[str, Any]], dict[str, Any]]
+    # Sends the call again with the caller's answers and its tool server's state, after that server answered with
+    # questions (a modern child's input-required result): the next round's continuation.
+    ask_again: AskAgain | None = None
+    rounds: int = 0
     cancelled: bool = False
     # The `subscriptions/listen` streams following the task (listeners.py), each once: each change is pushed to
     # them. (A listener is a dataclass compared by value: these lists are searched by identity.)
@@ -122,7 +134,31 @@ class Task:
             watcher.push(notification)
 
     def terminal(self) -> bool:
-        return self.continuation.task.done() or self.cancelled
+        return (self.continuation.task.done() and self._asked() is None) or self.cancelled
+
+    def update(self, answers: dict[str, Any]) -> None:
+        """The caller's answers: to the open questions of the running call, or, when its tool server answered with
+        questions, the call's next round (at most MAX_ROUNDS)."""
+        if self.cancelled:
+            return
+        if not self.continuation.task.done():
+            self.continuation.answer_some(answers)
+            return
+        asked = self._asked()
+        if asked is None or self.ask_again is None or self.rounds >= MAX_ROUNDS:
+            return
+        self.rounds += 1
+        self.continuation = self.ask_again(answers, asked.get("requestState"))
+        self.continuation.on_change = self.touch
+        self.touch()
+
+    def _asked(self) -> dict[str, Any] | None:
+        """The call's input-required result, when its tool server answered with one."""
+        call = self.continuation.task
+        if not call.done() or call.cancelled() or call.exception() is not None:
+            return None
+        result = call.result().get("result")
+        return result if isinstance(result, dict) and result.get("resultType") == INPUT_REQUIRED else None
 
     def view(self) -> dict[str, Any]:
         """The task as `tasks/get` answers it (a DetailedTask): its status and what goes with it."""
@@ -157,9 +193,12 @@ class Task:
         if not isinstance(result, dict):
             result = {}
         if result.get("resultType") == INPUT_REQUIRED:
-            # A modern child's questions once its caller has moved on to polling: not put to the caller (yet).
-            return "failed", {"error": {"code": METHOD_NOT_FOUND, "message": "the tool server asked its caller for "
-                                        "input after the call became a task; a task cannot carry that question"}}
+            requests = result.get("inputRequests")
+            if self.rounds >= MAX_ROUNDS or not isinstance(requests, dict):
+                return "failed", {"error": {"code": INVALID_PARAMS, "message": f"the tool server asked for input "
+                                            f"more than {MAX_ROUNDS} times, or without saying what"}}
+            # A modern tool server's questions: `tasks/update` brings the answers, and the call's next round.
+            return "input_required", {"inputRequests": requests}
         return "completed", {"result": self.finish(result)}
 
 
@@ -177,7 +216,7 @@ class Tasks:
         return len(self._tasks)
 
     def create(self, client: str, continuation: Continuation, deadline: float,
-               finish: Callable[[dict[str, Any]], dict[str, Any]]) -> Task | None:
+               finish: Callable[[dict[str, Any]], dict[str, Any]], ask_again: AskAgain | None = None) -> Task | None:
         """Make the running call a task of `client`, kept until `deadline` seconds from now and RESULT_KEEP more;
         None when there is no room (no finished task of the client to make it)."""
         self._expire()
@@ -187,7 +226,7 @@ class Tasks:
             return None
         now, keep = time.time(), deadline + RESULT_KEEP
         task = Task(secrets.token_urlsafe(ID_BYTES), client, continuation, now, now, time.monotonic() + keep,
-                    int(keep * 1000), finish)
+                    int(keep * 1000), finish, ask_again)
         continuation.on_change = task.touch
         self._tasks[task.id] = task
         self._by_client.setdefault(client, []).append(task)
@@ -208,9 +247,7 @@ class Tasks:
             return task.view()
         if method == UPDATE:
             assert isinstance(params, dict)
-            answers = answers_of(params)
-            if not task.terminal():
-                task.continuation.answer_some(answers)
+            task.update(answers_of(params))
             return {}
         if not task.terminal():
             task.cancelled = True

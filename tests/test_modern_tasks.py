@@ -25,7 +25,7 @@ from gatewayd.errors import (
     MissingClientCapability,
 )
 from gatewayd.modern import TASKS_EXTENSION, Envelope
-from gatewayd.modern_tasks import RESULT_KEEP, Tasks
+from gatewayd.modern_tasks import MAX_ROUNDS, RESULT_KEEP, Tasks
 
 WITH: Final = Envelope("2026-07-28", {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}, {}, None)
 WITHOUT: Final = Envelope("2026-07-28", {"elicitation": {}}, {}, None)
@@ -228,3 +228,35 @@ async def test_closing_ends_every_running_task() -> None:
     tasks.close()
     await running.ended()
     assert running.continuation.abandoned == ("shutdown", "the gateway is stopping") and len(tasks) == 0
+
+
+async def test_a_modern_servers_questions_are_the_tasks_and_each_update_is_a_round_of_its_own_up_to_the_bound(
+) -> None:
+    tasks, registry = Tasks(), Continuations()
+    asked = {"jsonrpc": "2.0", "id": 1, "result": {"resultType": "input_required", "requestState": "s1",
+                                                   "inputRequests": {"name": {"method": "elicitation/create"}}}}
+    rounds: list[tuple[dict[str, Any], Any]] = []
+
+    async def answered(result: dict[str, Any]) -> dict[str, Any]:
+        return result
+
+    def ask_again(answers: dict[str, Any], said: Any) -> Continuation:
+        rounds.append((answers, said))
+        return registry.start("ada", answered(asked))
+
+    running = Running(tasks, registry)
+    running.task.ask_again = ask_again
+    running.release.set_result(asked)
+    await running.ended()
+    seen = get(tasks, running.id)
+    assert seen["status"] == "input_required" and seen["inputRequests"] == {"name": {"method": "elicitation/create"}}
+    for number in range(MAX_ROUNDS):
+        tasks.answer("ada", "tasks/update", {"taskId": running.id, "inputResponses": {"name": {"n": number}}}, WITH)
+        async with asyncio.timeout(5):
+            await running.task.continuation.task
+    assert rounds[0] == ({"name": {"n": 0}}, "s1") and len(rounds) == MAX_ROUNDS
+    failed = get(tasks, running.id)
+    assert failed["status"] == "failed" and str(MAX_ROUNDS) in failed["error"]["message"]
+    # Past the bound an update changes nothing.
+    tasks.answer("ada", "tasks/update", {"taskId": running.id, "inputResponses": {"name": {}}}, WITH)
+    assert len(rounds) == MAX_ROUNDS

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import functools
 import logging
 import secrets
 from typing import Any, Final
@@ -236,13 +237,20 @@ def _sealed(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, resu
     if isinstance(said, modern.GatewayState):
         kind, data = said.kind, said.data
     else:
-        kind, data = request_state.CHILD, ({"s": said} if isinstance(said, str) else {})
-        approved = ctx.asker.approved if isinstance(ctx.asker, modern.Asker) else None
-        if approved is not None:
-            # The call was approved: its retry runs without asking again, once (confirmation.py `_carry`).
-            data.update(a=approved, n=secrets.token_urlsafe(NONCE_BYTES))
+        kind, data = request_state.CHILD, _child_state(ctx, said)
     bound = request_state.binding(ctx.principal.name, message.method, message.params)
     return {**result, "requestState": state.request_states.seal(kind, bound, data)}
+
+
+def _child_state(ctx: CallContext, said: Any) -> dict[str, Any]:
+    """What the gateway keeps of a tool server's input-required result for its retry: the server's own state, and
+    the approval that let the call run, if one did (its retry runs without asking again, once: confirmation.py
+    `_carry`)."""
+    data: dict[str, Any] = {"s": said} if isinstance(said, str) else {}
+    approved = ctx.asker.approved if isinstance(ctx.asker, modern.Asker) else None
+    if approved is not None:
+        data.update(a=approved, n=secrets.token_urlsafe(NONCE_BYTES))
+    return data
 
 
 # -- answering -------------------------------------------------------------------------------------
@@ -359,7 +367,7 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
     try:
         outcome = await continuation.wait(modern_tasks.TASK_AFTER if tasking else None)
         if outcome is None:
-            task = _as_task(state, ctx, continuation)
+            task = _as_task(state, ctx, continuation, message)
             if task is not None:
                 return jsonrpc.result_response(message.id, {**task.view(), "resultType": modern_tasks.RESULT_TYPE})
             outcome = await continuation.wait()
@@ -386,7 +394,25 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
                                                 "requestState": parked})
 
 
-def _as_task(state: DaemonState, ctx: CallContext, continuation: Continuation) -> modern_tasks.Task | None:
+def _ask_again(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, answers: dict[str, Any],
+               said: Any) -> Continuation:
+    """A task's next round after its modern tool server answered with questions (an input-required result): the
+    call sent again with the caller's answers (`tasks/update`) and the server's own state, through the pipeline
+    (decided, and audited, again), as a continuation of its own."""
+    assert isinstance(ctx.asker, modern.Asker)
+    retry = modern.Retry(answers, request_state.Opened(request_state.CHILD, _child_state(ctx, said)))
+    again = dataclasses.replace(ctx, asker=modern.Asker(ctx.asker.envelope, retry), on_disconnect=None,
+                                emit=_nowhere)
+    continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(again, message))
+    again.on_decided = continuation.decided
+    assert isinstance(again.asker, modern.Asker)
+    again.asker.continuation = continuation
+    continuation.attach(_nowhere)
+    return continuation
+
+
+def _as_task(state: DaemonState, ctx: CallContext, continuation: Continuation, message: jsonrpc.Request
+             ) -> modern_tasks.Task | None:
     """The still running call made a task of its caller, when its tool may be one (tools.d `task`, as decided) and
     the caller has room for it; None otherwise (the call is answered when it ends)."""
     call = continuation.call
@@ -396,7 +422,8 @@ def _as_task(state: DaemonState, ctx: CallContext, continuation: Continuation) -
     server = ctx.servers.get(name)
     if server is None:
         return None
-    task = state.modern_tasks.create(ctx.principal.name, continuation, server.deadline_for(method), _finish_call)
+    task = state.modern_tasks.create(ctx.principal.name, continuation, server.deadline_for(method), _finish_call,
+                                     functools.partial(_ask_again, state, ctx, message))
     if task is not None:
         logger.info("client=%s %s runs on as task %s", ctx.principal.name, call.method[:64], task.id[:8])
     return task

@@ -36,9 +36,12 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 WITH: Final[dict[str, Any]] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
 WITHOUT: Final[dict[str, Any]] = {"elicitation": {}}
-ROLES: Final = '[roles.user]\nallow = ["jobs.*", "old.*"]\n'
+ROLES: Final = '[roles.user]\nallow = ["jobs.*", "old.*", "modern.*"]\n'
 # A child of 2025-11-25 that makes a task of a call sent with `task` (tests/fixtures/tasksrv.py).
 OLD_TASKS: Final = REPO / "tests" / "fixtures" / "tasksrv.py"
+# A child of 2026-07-28 whose `slow_then_ask` answers with questions only after a second (tests/fixtures/modernsrv.py).
+MODERN: Final = (python_command(str(REPO / "tests" / "fixtures" / "modernsrv.py"))
+                 + '\nrelay = ["elicitation"]\nera = "2026-07-28"\n[methods.slow_then_ask]\ntask = "optional"\n')
 # How often a test polls a task, and for how long at most (the fixture's jobs take about a second).
 POLL_S: Final = 0.05
 POLL_DEADLINE: Final = 15.0
@@ -87,7 +90,8 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     root = tmp_path_factory.mktemp("modern-tasks")
-    tokens = write_config(root, {"jobs": taskjobs.tools_d(), "old": python_command(str(OLD_TASKS))}, roles=ROLES,
+    tokens = write_config(root, {"jobs": taskjobs.tools_d(), "old": python_command(str(OLD_TASKS)), "modern": MODERN},
+                          roles=ROLES,
                           clients={"user": ["user"], "other": ["user"]})
     async with Daemon(root) as daemon:
         yield Rig(daemon, root, tokens)
@@ -241,3 +245,23 @@ async def test_a_listen_stream_following_a_task_hears_each_change_until_it_compl
     assert text_of_raw(seen["params"]["result"]) == "heard.txt: kept (nothing was really deleted)"
     status, answer = await rig.call("subscriptions/listen", {"notifications": {"taskIds": [task_id]}}, WITHOUT)
     assert status == 400 and answer["error"]["code"] == -32021
+
+
+async def test_a_modern_childs_questions_after_its_call_became_a_task_are_the_tasks_and_answered_by_update(
+    rig: Rig,
+) -> None:
+    async with asyncio.timeout(TEST_DEADLINE):
+        _, answer = await rig.call("tools/call", {"name": "modern__slow_then_ask", "arguments": {}})
+        created = answer["result"]
+        assert created["resultType"] == "task", created
+        asking = await rig.until(created["taskId"], "input_required")
+        assert asking["status"] == "input_required"
+        assert asking["inputRequests"]["user_name"]["method"] == "elicitation/create"
+        _, ack = await rig.call("tasks/update", {"taskId": created["taskId"], "inputResponses": {
+            "user_name": {"action": "accept", "content": {"name": "Ada"}}}})
+        assert ack["result"]["resultType"] == "complete"
+        done = await rig.until(created["taskId"])
+    assert done["status"] == "completed" and text_of_raw(done["result"]) == "After the wait: hello, Ada!"
+    # Each round is a call of its own through the pipeline: decided, and audited, again.
+    await eventually(lambda: [r["status"] for r in rig.audit() if r.get("method") == "modern.slow_then_ask"
+                              and r["event"] == "outcome"] == ["input_required", "ok"], what="both rounds' outcomes")
