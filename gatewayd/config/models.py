@@ -15,6 +15,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -125,6 +126,11 @@ class ServerConfig(_Strict):
     # is a process; a client that opens sessions without end must not fork without end.
     max_children: int = Field(32, ge=1, le=4096)
     max_children_per_client: int = Field(4, ge=1, le=4096)
+    # The methods that may become tasks (`task` other than "never"), made once: every modern tool call asks.
+    _task_modes: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._task_modes = {name: method.task for name, method in self.methods.items() if method.task != "never"}
 
     @field_validator("command", mode="before")
     @classmethod
@@ -199,8 +205,12 @@ class ServerConfig(_Strict):
 
     def task_mode(self, method: str) -> str:
         """How a modern caller's call of `method` may become a task: "never", "optional" or "required"."""
-        declared = self.methods.get(method)
-        return declared.task if declared is not None else "never"
+        return self._task_modes.get(method, "never")
+
+    @property
+    def has_tasks(self) -> bool:
+        """Whether any method may become a task."""
+        return bool(self._task_modes)
 
     def timeout_for(self, method: str) -> float:
         """The call deadline for `method`: its own override, else the server's."""

@@ -399,7 +399,8 @@ class ToolServer:
 
     def task_mode(self, method: str) -> str:
         """Whether a 2026-07-28 caller's call of `method` may become a task: its tools.d `task`."""
-        return self.config.task_mode(self.dialect.settings_name(method))
+        config = self.config
+        return config.task_mode(self.dialect.settings_name(method)) if config.has_tasks else "never"
 
     def deadline_for(self, method: str) -> float:
         return self.config.timeout_for(self.dialect.settings_name(method))
