@@ -401,8 +401,7 @@ def _ask_again(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, a
     (decided, and audited, again), as a continuation of its own."""
     assert isinstance(ctx.asker, modern.Asker)
     retry = modern.Retry(answers, request_state.Opened(request_state.CHILD, _child_state(ctx, said)))
-    again = dataclasses.replace(ctx, asker=modern.Asker(ctx.asker.envelope, retry), on_disconnect=None,
-                                emit=_nowhere)
+    again = dataclasses.replace(ctx, asker=modern.Asker(ctx.asker.envelope, retry))
     continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(again, message))
     again.on_decided = continuation.decided
     assert isinstance(again.asker, modern.Asker)
@@ -422,8 +421,10 @@ def _as_task(state: DaemonState, ctx: CallContext, continuation: Continuation, m
     server = ctx.servers.get(name)
     if server is None:
         return None
+    # What a later round is sent with: the caller, not the request that made the task (it is answered now).
+    caller = dataclasses.replace(ctx, emit=_nowhere, on_disconnect=None, on_decided=None)
     task = state.modern_tasks.create(ctx.principal.name, continuation, server.deadline_for(method), _finish_call,
-                                     functools.partial(_ask_again, state, ctx, message))
+                                     functools.partial(_ask_again, state, caller, message))
     if task is not None:
         logger.info("client=%s %s runs on as task %s", ctx.principal.name, call.method[:64], task.id[:8])
     return task
