@@ -26,6 +26,7 @@ from gatewayd.errors import (
 )
 from gatewayd.modern import TASKS_EXTENSION, Envelope
 from gatewayd.modern_tasks import MAX_ROUNDS, RESULT_KEEP, Tasks
+from tests.test_continuations import Child, declares
 
 WITH: Final = Envelope("2026-07-28", {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}, {}, None)
 WITHOUT: Final = Envelope("2026-07-28", {"elicitation": {}}, {}, None)
@@ -39,23 +40,8 @@ def ask(number: int) -> dict[str, Any]:
                        "_meta": {"the-childs": "own"}}}
 
 
-def declares(_kind: str, _params: Any) -> bool:
-    return True
-
-
 def finish(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "resultType": "complete"}
-
-
-class Child:
-    """What the child is sent back."""
-
-    def __init__(self) -> None:
-        self.replies: list[dict[str, Any]] = []
-
-    def reply(self, message: dict[str, Any]) -> bool:
-        self.replies.append(message)
-        return True
 
 
 class Running:
