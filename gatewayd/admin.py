@@ -137,6 +137,8 @@ async def _status(request: web.Request) -> web.Response:
         "retiring": [server.status() for server in state.pool.retiring],
         "sessions": len(sessions), "session_list": [session.view() for session in sessions.all()],
         "pending_approvals": len(registry),
+        # Tasks of MCP 2026-07-28 callers (modern_tasks.py).
+        "tasks": state.modern_tasks.status(),
         "approvals": [approval.view() for approval in registry.pending()],
         "audit": state.audit.status(),
     })

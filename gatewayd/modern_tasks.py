@@ -215,6 +215,11 @@ class Tasks:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def status(self) -> dict[str, int]:
+        """For `gatewayctl status`: the tasks whose calls still run, and all those kept."""
+        self._expire()
+        return {"running": sum(not task.terminal() for task in self._tasks.values()), "kept": len(self._tasks)}
+
     def create(self, client: str, continuation: Continuation, deadline: float,
                finish: Callable[[dict[str, Any]], dict[str, Any]], ask_again: AskAgain | None = None) -> Task | None:
         """Make the running call a task of `client`, kept until `deadline` seconds from now and RESULT_KEEP more;

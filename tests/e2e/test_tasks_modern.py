@@ -26,7 +26,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gatewayd.modern import TASKS_EXTENSION
-from tests.daemon import REPO, Daemon, gatewayctl, python_command, write_config
+from tests.daemon import REPO, Daemon, gatewayctl, python_command, status, write_config
 from tests.e2e.test_mcp_sdk import MODERN_VERSION, SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, post, request
 from tests.fixtures import taskjobs
@@ -176,6 +176,11 @@ async def test_cancelling_a_task_ends_its_call_at_the_child(rig: Rig) -> None:
     # The call ended at once (the child was told), not at its 30 s deadline.
     await eventually(lambda: any(r.get("method") == "jobs.slow_compute" and r["event"] == "outcome"
                                  and r["status"] == "cancelled" for r in rig.audit()), what="the cancelled outcome")
+    # The operator sees the tasks: the cancelled one is kept, not running.
+    tasks = (await status(rig.root))["tasks"]
+    assert tasks["kept"] >= 1 and tasks["running"] < tasks["kept"]
+    code, out, _ = await gatewayctl(rig.root, "status")
+    assert code == 0 and f"tasks {tasks['running']} running/{tasks['kept']} kept" in out.splitlines()[0]
 
 
 async def test_a_task_is_its_clients_alone_and_goes_with_its_clients_permission(rig: Rig) -> None:
