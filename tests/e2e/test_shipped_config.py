@@ -14,6 +14,8 @@ from gatewayd.config.edit import set_client_token
 from gatewayd.tokens import hash_token, new_token
 from tests.daemon import REPO, Daemon, gatewayctl, headers, pending_approvals, rpc
 from tests.e2e.test_mcp_sdk import sse_messages
+from tests.e2e.test_mcp_sdk_modern import headers as modern_headers
+from tests.e2e.test_mcp_sdk_modern import post, request
 
 
 @pytest.fixture
@@ -124,3 +126,26 @@ async def test_the_shipped_notebook_agent_keeps_a_conversation_and_asks_before_f
     assert code == 0, err
     assert await forgetting == ["Forgotten."]
     assert await said("notes") == ["No notes yet."]
+
+
+async def test_the_shipped_countdown_is_a_task_a_2026_caller_polls(shipped: tuple[Daemon, str]) -> None:
+    daemon, token = shipped
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+
+    async def ask(method: str, params: dict[str, object], name: str) -> dict[str, object]:
+        _, _, answer = await post(daemon.url, request(method, params, meta), modern_headers(token, method, name))
+        result = answer["result"]
+        assert isinstance(result, dict), answer
+        return result
+
+    created = await ask("tools/call", {"name": "clock__countdown", "arguments": {"seconds": 1}}, "clock__countdown")
+    assert created["resultType"] == "task"
+    task_id = str(created["taskId"])
+    async with asyncio.timeout(15):
+        while True:  # polled, as a caller of a task does
+            seen = await ask("tasks/get", {"taskId": task_id}, task_id)
+            if seen["status"] != "working":
+                break
+            await asyncio.sleep(0.05)
+    assert seen["status"] == "completed", seen
