@@ -203,6 +203,9 @@ def _observe(state: DaemonState, reloader: Reloader) -> None:
                    status["queued_total"])
         yield "gatewayd_sessions", "Open MCP sessions.", {}, len(state.sessions)
         yield "gatewayd_pending_approvals", "Calls waiting for a person's confirmation.", {}, len(state.approvals)
+        tasks = state.modern_tasks.status()
+        yield "gatewayd_tasks_running", "Tasks of MCP 2026-07-28 callers whose calls still run.", {}, tasks["running"]
+        yield "gatewayd_tasks_kept", "Tasks of MCP 2026-07-28 callers kept, ended or not.", {}, tasks["kept"]
         yield "gatewayd_reloads_total", "Config reloads applied.", {}, reloader.reloads
         yield "gatewayd_reload_failures_total", "Config reloads refused (invalid config).", {}, reloader.failures
         yield "gatewayd_config_generation", "Generation of the running config.", {}, reloader.generation

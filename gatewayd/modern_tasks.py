@@ -134,7 +134,7 @@ class Task:
             watcher.push(notification)
 
     def terminal(self) -> bool:
-        return (self.continuation.task.done() and self._asked() is None) or self.cancelled
+        return self.cancelled or (self.continuation.task.done() and self._asked() is None)
 
     def update(self, answers: dict[str, Any]) -> None:
         """The caller's answers: to the open questions of the running call, or, when its tool server answered with
@@ -145,7 +145,7 @@ class Task:
             self.continuation.answer_some(answers)
             return
         asked = self._asked()
-        if asked is None or self.ask_again is None or self.rounds >= MAX_ROUNDS:
+        if asked is None or self.ask_again is None:
             return
         self.rounds += 1
         self.continuation = self.ask_again(answers, asked.get("requestState"))
@@ -153,12 +153,16 @@ class Task:
         self.touch()
 
     def _asked(self) -> dict[str, Any] | None:
-        """The call's input-required result, when its tool server answered with one."""
+        """The call's input-required result, when its tool server answered with one that can still be answered:
+        saying what it asks, within MAX_ROUNDS."""
         call = self.continuation.task
-        if not call.done() or call.cancelled() or call.exception() is not None:
+        if not call.done() or call.cancelled() or call.exception() is not None or self.rounds >= MAX_ROUNDS:
             return None
         result = call.result().get("result")
-        return result if isinstance(result, dict) and result.get("resultType") == INPUT_REQUIRED else None
+        if isinstance(result, dict) and result.get("resultType") == INPUT_REQUIRED \
+                and isinstance(result.get("inputRequests"), dict):
+            return result
+        return None
 
     def view(self) -> dict[str, Any]:
         """The task as `tasks/get` answers it (a DetailedTask): its status and what goes with it."""
@@ -193,12 +197,12 @@ class Task:
         if not isinstance(result, dict):
             result = {}
         if result.get("resultType") == INPUT_REQUIRED:
-            requests = result.get("inputRequests")
-            if self.rounds >= MAX_ROUNDS or not isinstance(requests, dict):
+            asked = self._asked()
+            if asked is None:
                 return "failed", {"error": {"code": INVALID_PARAMS, "message": f"the tool server asked for input "
                                             f"more than {MAX_ROUNDS} times, or without saying what"}}
             # A modern tool server's questions: `tasks/update` brings the answers, and the call's next round.
-            return "input_required", {"inputRequests": requests}
+            return "input_required", {"inputRequests": asked["inputRequests"]}
         return "completed", {"result": self.finish(result)}
 
 

@@ -243,6 +243,7 @@ async def test_a_modern_servers_questions_are_the_tasks_and_each_update_is_a_rou
     assert rounds[0] == ({"name": {"n": 0}}, "s1") and len(rounds) == MAX_ROUNDS
     failed = get(tasks, running.id)
     assert failed["status"] == "failed" and str(MAX_ROUNDS) in failed["error"]["message"]
+    assert running.task.terminal() and tasks.status() == {"running": 0, "kept": 1}
     # Past the bound an update changes nothing.
     tasks.answer("ada", "tasks/update", {"taskId": running.id, "inputResponses": {"name": {}}}, WITH)
     assert len(rounds) == MAX_ROUNDS

@@ -181,6 +181,9 @@ async def test_cancelling_a_task_ends_its_call_at_the_child(rig: Rig) -> None:
     assert tasks["kept"] >= 1 and tasks["running"] < tasks["kept"]
     code, out, _ = await gatewayctl(rig.root, "status")
     assert code == 0 and f"tasks {tasks['running']} running/{tasks['kept']} kept" in out.splitlines()[0]
+    code, out, _ = await gatewayctl(rig.root, "metrics")
+    assert code == 0 and f"gatewayd_tasks_kept {tasks['kept']}" in out.splitlines()
+    assert f"gatewayd_tasks_running {tasks['running']}" in out.splitlines()
 
 
 async def test_a_task_is_its_clients_alone_and_goes_with_its_clients_permission(rig: Rig) -> None:
