@@ -15,7 +15,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -126,11 +125,6 @@ class ServerConfig(_Strict):
     # is a process; a client that opens sessions without end must not fork without end.
     max_children: int = Field(32, ge=1, le=4096)
     max_children_per_client: int = Field(4, ge=1, le=4096)
-    # The methods that may become tasks (`task` other than "never"), made once: every modern tool call asks.
-    _task_modes: dict[str, str] = PrivateAttr(default_factory=dict)
-
-    def model_post_init(self, context: Any, /) -> None:
-        self._task_modes = {name: method.task for name, method in self.methods.items() if method.task != "never"}
 
     @field_validator("command", mode="before")
     @classmethod
@@ -203,14 +197,14 @@ class ServerConfig(_Strict):
         declared = self.methods.get(method)
         return declared is not None and declared.dangerous
 
+    def task_modes(self) -> dict[str, str]:
+        """The methods that may become tasks of a modern caller, and how: "optional" or "required" (any other is
+        "never")."""
+        return {name: method.task for name, method in self.methods.items() if method.task != "never"}
+
     def task_mode(self, method: str) -> str:
         """How a modern caller's call of `method` may become a task: "never", "optional" or "required"."""
-        return self._task_modes.get(method, "never")
-
-    @property
-    def has_tasks(self) -> bool:
-        """Whether any method may become a task."""
-        return bool(self._task_modes)
+        return self.task_modes().get(method, "never")
 
     def timeout_for(self, method: str) -> float:
         """The call deadline for `method`: its own override, else the server's."""

@@ -89,6 +89,8 @@ class ToolServer:
         self.tag = f"{name} gen={generation}{tag}"
         self.config = config
         self.prefix = exposed_prefix(name, config)
+        # Asked on every modern tool call: made once (most servers have none).
+        self._task_modes = config.task_modes()
         self._cwd = str(config_dir / config.cwd) if config.cwd else None
         # `owner`: who the child's requests outside any call go to (a per-session child's session, fleet.py); `eras`:
         # what the era probe found, shared with every server of the same program (the pool's; else this one's own).
@@ -399,8 +401,8 @@ class ToolServer:
 
     def task_mode(self, method: str) -> str:
         """Whether a 2026-07-28 caller's call of `method` may become a task: its tools.d `task`."""
-        config = self.config
-        return config.task_mode(self.dialect.settings_name(method)) if config.has_tasks else "never"
+        modes = self._task_modes
+        return modes.get(self.dialect.settings_name(method), "never") if modes else "never"
 
     def deadline_for(self, method: str) -> float:
         return self.config.timeout_for(self.dialect.settings_name(method))
@@ -444,7 +446,7 @@ class ToolServer:
     async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
         its deadline."""
-        timeout = self.deadline_for(method)
+        timeout = self.config.timeout_for(self.dialect.settings_name(method))
         if delivery.timeout is not None and delivery.timeout < timeout:
             timeout = delivery.timeout
         await self._admit(timeout, delivery.client)

@@ -116,8 +116,9 @@ async def handle(request: web.Request, state: DaemonState, principal: Principal,
             return await _listen(request, state, principal, message, envelope)
         if message.method == "tools/call":
             await _check_param_headers(request, state, principal, message)
+            if isinstance(message.params, dict) and "task" in message.params:
+                message = _without_task_param(message)
         retry, message = _retry(state, principal, message)
-        message = _without_task_param(message)
         resumed = _resumed(state, principal, retry)
         if resumed is not None:
             # A parked call's own context goes on; this request only waits for it (and may cancel it).
@@ -217,9 +218,7 @@ def _retry(state: DaemonState, principal: Principal, message: jsonrpc.Request) \
 def _without_task_param(message: jsonrpc.Request) -> jsonrpc.Request:
     """A `tools/call` without the 2025-11-25 `task` member: in this era the server decides what becomes a task
     (SEP-2663), and a caller's old hint is passed over, not sent on to a child."""
-    params = message.params
-    if message.method != "tools/call" or not isinstance(params, dict) or "task" not in params:
-        return message
+    params = message.params if isinstance(message.params, dict) else {}
     return jsonrpc.Request(message.id, message.method, {key: value for key, value in params.items() if key != "task"})
 
 
