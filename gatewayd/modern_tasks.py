@@ -7,7 +7,8 @@ No tool server needs to know tasks: the gateway makes them. A `tools/call` of a 
 error, a modern child's input-required result, the confirmation gate's question — so a quick call costs no polling
 and the questions a call must have answered before it can start are asked synchronously. A call still running then
 becomes a task: its caller gets a CreateTaskResult (the task exists before that answer leaves), and `tasks/get`
-says how the call stands: `working`; `input_required` with every question its server asked and nobody answered yet
+says how the call stands: `working` (its `statusMessage` naming the approval it waits for, if it waits for a person);
+`input_required` with every question its server asked and nobody answered yet
 (`inputRequests`, answered by `tasks/update`, any of them at a time) — or, when a modern (2026-07-28) server
 answered the call with questions of its own (an input-required result), those, and `tasks/update` sends the call
 again with the answers and the server's state (a round of its own through the pipeline, at most MAX_ROUNDS);
@@ -116,6 +117,9 @@ class Task:
     # Sends the call again with the caller's answers and its tool server's state, after that server answered with
     # questions (a modern child's input-required result): the next round's continuation.
     ask_again: AskAgain | None = None
+    # What the call waits for, when it waits for something a person can act on (a confirmation), else None:
+    # the task's `statusMessage`.
+    waiting: Callable[[], str | None] | None = None
     rounds: int = 0
     cancelled: bool = False
     # The `subscriptions/listen` streams following the task (listeners.py), each once: each change is pushed to
@@ -167,9 +171,13 @@ class Task:
     def view(self) -> dict[str, Any]:
         """The task as `tasks/get` answers it (a DetailedTask): its status and what goes with it."""
         status, detail = self._status()
-        return {"taskId": self.id, "status": status, "createdAt": _timestamp(self.created),
+        view = {"taskId": self.id, "status": status, "createdAt": _timestamp(self.created),
                 "lastUpdatedAt": _timestamp(self.updated), "ttlMs": self.ttl_ms, "pollIntervalMs": POLL_INTERVAL_MS,
                 **detail}
+        note = self.waiting() if self.waiting is not None and status == "working" else None
+        if note is not None:
+            view["statusMessage"] = note
+        return view
 
     def _status(self) -> tuple[str, dict[str, Any]]:
         continuation = self.continuation
@@ -225,7 +233,8 @@ class Tasks:
         return {"running": sum(not task.terminal() for task in self._tasks.values()), "kept": len(self._tasks)}
 
     def create(self, client: str, continuation: Continuation, deadline: float,
-               finish: Callable[[dict[str, Any]], dict[str, Any]], ask_again: AskAgain | None = None) -> Task | None:
+               finish: Callable[[dict[str, Any]], dict[str, Any]], ask_again: AskAgain | None = None,
+               waiting: Callable[[], str | None] | None = None) -> Task | None:
         """Make the running call a task of `client`, kept until `deadline` seconds from now and RESULT_KEEP more;
         None when there is no room (no finished task of the client to make it)."""
         self._expire()
@@ -235,7 +244,7 @@ class Tasks:
             return None
         now, keep = time.time(), deadline + RESULT_KEEP
         task = Task(secrets.token_urlsafe(ID_BYTES), client, continuation, now, now, time.monotonic() + keep,
-                    int(keep * 1000), finish, ask_again)
+                    int(keep * 1000), finish, ask_again, waiting)
         continuation.on_change = task.touch
         self._tasks[task.id] = task
         self._by_client.setdefault(client, []).append(task)

@@ -423,10 +423,25 @@ def _as_task(state: DaemonState, ctx: CallContext, continuation: Continuation, m
     # What a later round is sent with: the caller, not the request that made the task (it is answered now).
     caller = dataclasses.replace(ctx, emit=_nowhere, on_disconnect=None, on_decided=None)
     task = state.modern_tasks.create(ctx.principal.name, continuation, server.deadline_for(method), _finish_call,
-                                     functools.partial(_ask_again, state, caller, message))
+                                     functools.partial(_ask_again, state, caller, message),
+                                     functools.partial(_waiting, state, continuation))
     if task is not None:
         logger.info("client=%s %s runs on as task %s", ctx.principal.name, call.method[:64], task.id[:8])
     return task
+
+
+def _waiting(state: DaemonState, continuation: Continuation) -> str | None:
+    """What a task's call waits for that a person can act on: its confirmation, pending (None otherwise)."""
+    call = continuation.call
+    if call is None:
+        return None
+    client, digest = call.ctx.principal.name, call.params_sha256()
+    for approval in state.approvals.pending():
+        if approval.client == client and approval.method == call.method and approval.params_sha256 == digest:
+            page = state.links.approval_page if state.settings.approval_page else None
+            where = f" or at {page}" if page else ""
+            return (f"waiting for a person's approval ({approval.id}): gatewayctl approve {approval.id}{where}")
+    return None
 
 
 def _finish_call(result: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gatewayd.modern import TASKS_EXTENSION
-from tests.daemon import REPO, Daemon, gatewayctl, python_command, status, write_config
+from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, python_command, status, write_config
 from tests.e2e.test_mcp_sdk import MODERN_VERSION, SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, post, request
 from tests.fixtures import taskjobs
@@ -36,7 +36,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 WITH: Final[dict[str, Any]] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
 WITHOUT: Final[dict[str, Any]] = {"elicitation": {}}
-ROLES: Final = '[roles.user]\nallow = ["jobs.*", "old.*", "modern.*"]\n'
+ROLES: Final = ('[roles.user]\nallow = ["jobs.*", "old.*", "modern.*", "gated.*"]\nconfirm = ["gated.slow_compute"]\n'
+                '[roles.user.confirmation."gated.slow_compute"]\ntimeout = "30s"\nchannels = ["web"]\n')
 # A child of 2025-11-25 that makes a task of a call sent with `task` (tests/fixtures/tasksrv.py).
 OLD_TASKS: Final = REPO / "tests" / "fixtures" / "tasksrv.py"
 # A child of 2026-07-28 whose `slow_then_ask` answers with questions only after a second (tests/fixtures/modernsrv.py).
@@ -90,7 +91,8 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     root = tmp_path_factory.mktemp("modern-tasks")
-    tokens = write_config(root, {"jobs": taskjobs.tools_d(), "old": python_command(str(OLD_TASKS)), "modern": MODERN},
+    tokens = write_config(root, {"jobs": taskjobs.tools_d(), "old": python_command(str(OLD_TASKS)), "modern": MODERN,
+                                 "gated": taskjobs.tools_d()},
                           roles=ROLES,
                           clients={"user": ["user"], "other": ["user"]})
     async with Daemon(root) as daemon:
@@ -273,3 +275,22 @@ async def test_a_modern_childs_questions_after_its_call_became_a_task_are_the_ta
     # Each round is a call of its own through the pipeline: decided, and audited, again.
     await eventually(lambda: [r["status"] for r in rig.audit() if r.get("method") == "modern.slow_then_ask"
                               and r["event"] == "outcome"] == ["input_required", "ok"], what="both rounds' outcomes")
+
+
+async def test_a_task_waiting_for_a_persons_approval_says_so_and_runs_once_approved(rig: Rig) -> None:
+    only_tasks = {"extensions": {TASKS_EXTENSION: {}}}  # no elicitation: the caller itself cannot be asked
+    async with asyncio.timeout(TEST_DEADLINE):
+        _, answer = await rig.call("tools/call", {"name": "gated__slow_compute", "arguments": {
+            "seconds": 0, "label": "gated"}}, only_tasks)
+        created = answer["result"]
+        assert created["resultType"] == "task", created
+        [pending] = await pending_approvals(rig.root)
+        waiting = (await rig.task(created["taskId"]))["result"]
+        assert waiting["status"] == "working"
+        assert waiting["statusMessage"].startswith(f"waiting for a person's approval ({pending['id']}): "
+                                                   f"gatewayctl approve {pending['id']} or at http://")
+        code, _, err = await gatewayctl(rig.root, "approve", pending["id"])
+        assert code == 0, err
+        done = await rig.until(created["taskId"])
+    assert done["status"] == "completed" and "statusMessage" not in done
+    assert text_of_raw(done["result"]) == "gated: computed for 0s"
