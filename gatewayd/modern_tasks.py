@@ -58,8 +58,9 @@ CANCEL: Final = "tasks/cancel"
 # (and for the questions that must come before the work starts) to be answered inline, short enough that no caller
 # holds a request open for long work.
 TASK_AFTER: Final = 0.25
-# Seconds a task outlives its call's deadline, so its outcome can still be read.
+# Seconds a task outlives its call's deadline, so its outcome can still be read; and once its caller has read it.
 RESULT_KEEP: Final = 300.0
+READ_KEEP: Final = 60.0
 # How often a caller is told to poll, milliseconds.
 POLL_INTERVAL_MS: Final = 500
 # Tasks kept for one client, and in all: each may hold its call's result until its ttl.
@@ -262,6 +263,8 @@ class Tasks:
             raise InvalidParams("params.taskId must be the string a CreateTaskResult gave")
         task = self._find(client, task_id)
         if method == GET:
+            if task.terminal():
+                self._read(task)
             return task.view()
         if method == UPDATE:
             assert isinstance(params, dict)
@@ -311,6 +314,15 @@ class Tasks:
                 raise unknown(task_id) from None
         return task
 
+    def _read(self, task: Task) -> None:
+        """The caller has read the task's end: keep it READ_KEEP more at most (its result may be large, and 64 of a
+        client's are kept), telling the ttl so."""
+        sooner = time.monotonic() + READ_KEEP
+        if sooner < task.expires:
+            task.ttl_ms -= int((task.expires - sooner) * 1000)
+            task.expires = sooner
+            heapq.heappush(self._expiry, (sooner, task.id))
+
     def _room(self, client: str) -> bool:
         own = self._by_client.get(client, [])
         if len(own) < self.max_per_client and len(self._tasks) < self.max_tasks:
@@ -336,7 +348,7 @@ class Tasks:
         while self._expiry and self._expiry[0][0] <= now:
             _, task_id = heapq.heappop(self._expiry)
             task = self._tasks.get(task_id)
-            if task is not None:
+            if task is not None and task.expires <= now:
                 if not task.continuation.task.done():
                     task.continuation.abandon("expired", "the task outlived its ttl")
                 self._drop(task)

@@ -9,7 +9,9 @@ is tests/e2e/test_tasks_modern.py and the conformance suite's tasks scenarios (t
 from __future__ import annotations
 
 import asyncio
+import heapq
 import re
+import time
 from typing import Any, Final
 
 import pytest
@@ -25,7 +27,7 @@ from gatewayd.errors import (
     MissingClientCapability,
 )
 from gatewayd.modern import TASKS_EXTENSION, Envelope
-from gatewayd.modern_tasks import MAX_ROUNDS, RESULT_KEEP, Tasks
+from gatewayd.modern_tasks import MAX_ROUNDS, READ_KEEP, RESULT_KEEP, Tasks
 from tests.test_continuations import Child, declares
 
 WITH: Final = Envelope("2026-07-28", {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}, {}, None)
@@ -247,3 +249,20 @@ async def test_a_modern_servers_questions_are_the_tasks_and_each_update_is_a_rou
     # Past the bound an update changes nothing.
     tasks.answer("ada", "tasks/update", {"taskId": running.id, "inputResponses": {"name": {}}}, WITH)
     assert len(rounds) == MAX_ROUNDS
+
+
+async def test_an_ended_task_once_read_is_kept_a_minute_more_at_most_and_its_ttl_says_so() -> None:
+    tasks, registry = Tasks(), Continuations()
+    running = Running(tasks, registry)
+    ttl = get(tasks, running.id)["ttlMs"]
+    running.release.set_result({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    await running.ended()
+    first = get(tasks, running.id)
+    assert first["status"] == "completed" and first["ttlMs"] < ttl
+    # Kept from the read on for READ_KEEP at most: the ttl counted from creation ends within it.
+    assert running.task.expires - time.monotonic() <= READ_KEEP
+    assert get(tasks, running.id)["ttlMs"] <= first["ttlMs"]
+    running.task.expires = time.monotonic() - 1
+    heapq.heappush(tasks._expiry, (running.task.expires, running.id))
+    with pytest.raises(InvalidParams):
+        get(tasks, running.id)

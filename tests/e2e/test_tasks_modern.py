@@ -278,7 +278,8 @@ async def test_a_modern_childs_questions_after_its_call_became_a_task_are_the_ta
 
 
 async def test_a_task_waiting_for_a_persons_approval_says_so_and_runs_once_approved(rig: Rig) -> None:
-    only_tasks = {"extensions": {TASKS_EXTENSION: {}}}  # no elicitation: the caller itself cannot be asked
+    # No elicitation declared: the caller itself cannot be asked, an operator approves.
+    only_tasks: dict[str, Any] = {"extensions": {TASKS_EXTENSION: {}}}
     async with asyncio.timeout(TEST_DEADLINE):
         _, answer = await rig.call("tools/call", {"name": "gated__slow_compute", "arguments": {
             "seconds": 0, "label": "gated"}}, only_tasks)
