@@ -304,14 +304,13 @@ class Tasks:
         task = self._tasks.get(task_id)
         if task is None or task.client != client:
             raise unknown(task_id)
-        if not task.continuation.task.done():
-            try:
-                task.continuation.check()
-            except GatewayError:
-                # No longer the client's to call: its task is gone with its permission.
-                task.continuation.abandon("denied", "the client may no longer make this call")
-                self._drop(task)
-                raise unknown(task_id) from None
+        try:
+            task.continuation.check()
+        except GatewayError:
+            # No longer the client's to call: its task, ended or not, is gone with its permission.
+            task.continuation.abandon("denied", "the client may no longer make this call")
+            self._drop(task)
+            raise unknown(task_id) from None
         return task
 
     def _read(self, task: Task) -> None:

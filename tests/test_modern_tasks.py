@@ -178,6 +178,15 @@ async def test_a_client_that_may_no_longer_make_the_call_no_longer_has_its_task(
     allowed[0] = True
     with pytest.raises(InvalidParams):
         get(tasks, running.id)
+    # An ended task's result goes with the permission too.
+    ended = Running(tasks, registry)
+    ended.continuation._still_allowed = still_allowed
+    ended.release.set_result({"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+    await ended.ended()
+    assert get(tasks, ended.id)["status"] == "completed"
+    allowed[0] = False
+    with pytest.raises(InvalidParams):
+        get(tasks, ended.id)
 
 
 async def test_past_the_clients_bound_its_oldest_finished_task_makes_room_and_with_none_the_call_stays_inline(
