@@ -53,6 +53,8 @@ MAX_TOOL_PAGES = 100
 # Rounds of a modern child's input-required results put to a legacy caller in one call: a tool asks a person a
 # few things, not without end.
 MAX_INPUT_ROUNDS = 8
+# Seconds a child has to acknowledge `tasks/cancel` of a task the gateway made for a call that ended first.
+TASK_CANCEL_TIMEOUT: Final = 5.0
 # The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
 SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/templates/list",
                  "prompts": "prompts/list"}
@@ -166,6 +168,11 @@ class McpDialect(Dialect):
         self.modern = False
         # Whether a handshake has decided the era yet (before, status shows none).
         self._spoken = False
+        # The tools its last listing says run only as tasks (2025-11-25 `execution.taskSupport: "required"`): a call
+        # of one that does not carry a caller's `task` runs through a task of the gateway's own (`_through_task`).
+        self._task_only: frozenset[str] = frozenset()
+        # Its `tasks/cancel` requests for tasks of the gateway's own whose call ended first (owned here, each bounded).
+        self._cancels: set[asyncio.Task[Any]] = set()
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -275,7 +282,9 @@ class McpDialect(Dialect):
         return tools
 
     async def list_tools(self, conn: Connection, tag: str) -> list[ToolDef]:
-        return [_tool_def(item) for item in await self._pages(conn, "tools/list", "tools", tag) if _valid_tool(item)]
+        items = [item for item in await self._pages(conn, "tools/list", "tools", tag) if _valid_tool(item)]
+        self._task_only = frozenset(item["name"] for item in items if not self.modern and _task_only(item))
+        return [_tool_def(item) for item in items]
 
     async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         call_id = conn.new_id()
@@ -283,6 +292,8 @@ class McpDialect(Dialect):
         if how.task is not None:
             # A task-augmented call (tasks.py): the child answers with a CreateTaskResult.
             params["task"] = how.task
+        elif tool in self._task_only:
+            return await self._through_task(conn, params, timeout, how)
         meta = _meta(how, call_id)
         if meta:
             params["_meta"] = meta
@@ -291,6 +302,40 @@ class McpDialect(Dialect):
             cancel_on_timeout=True, caller=how.caller, large=how.large,
         ))
         return await self._answered(conn, "tools/call", params, result, timeout, how)
+
+    async def _through_task(self, conn: Connection, params: dict[str, Any], timeout: float, how: Delivery) -> Any:
+        """A call of a tool that runs only as a task, for a caller that asked for none (a legacy call without `task`,
+        a modern one, a direct one): sent with a task of the gateway's own, whose result `tasks/result` waits for —
+        the caller gets the tool's result as from any call. Its deadline, or the call's end, cancels the task."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        created = self._result(await conn.call(
+            "tools/call", {**params, "task": {"ttl": int(timeout * 1000)}}, timeout=timeout, on_event=how.on_event,
+            request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller, large=how.large))
+        task = created.get("task") if isinstance(created, dict) else None
+        task_id = task.get("taskId") if isinstance(task, dict) else None
+        if not isinstance(task_id, str):
+            return created  # answered at once after all
+        try:
+            return self._result(await conn.call(
+                "tasks/result", {"taskId": task_id}, timeout=max(0.0, deadline - loop.time()), on_event=how.on_event,
+                request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller))
+        except BaseException:
+            # Timed out, failed or cancelled: the child's task must not run on for nobody.
+            if conn.alive:
+                self._cancel(conn, task_id)
+            raise
+
+    def _cancel(self, conn: Connection, task_id: str) -> None:
+        cancel = asyncio.ensure_future(conn.call("tasks/cancel", {"taskId": task_id}, timeout=TASK_CANCEL_TIMEOUT))
+        self._cancels.add(cancel)
+        cancel.add_done_callback(self._cancelled)
+
+    def _cancelled(self, cancel: asyncio.Task[Any]) -> None:
+        self._cancels.discard(cancel)
+        if not cancel.cancelled() and cancel.exception() is not None:
+            logger.info("server=%s tasks/cancel of a task of the gateway's own failed: %s", self.name,
+                        cancel.exception())
 
     async def _answered(self, conn: Connection, method: str, params: dict[str, Any], result: Any, timeout: float,
                         how: Delivery) -> Any:
@@ -473,6 +518,12 @@ def _asked(result: Any) -> dict[str, Any] | None:
 
 def _valid_tool(item: Any) -> bool:
     return isinstance(item, dict) and isinstance(item.get("name"), str) and bool(item["name"])
+
+
+def _task_only(item: dict[str, Any]) -> bool:
+    """Whether a 2025-11-25 tool runs only as a task (`execution.taskSupport: "required"`)."""
+    execution = item.get("execution")
+    return isinstance(execution, dict) and execution.get("taskSupport") == "required"
 
 
 def _tool_def(item: dict[str, Any]) -> ToolDef:

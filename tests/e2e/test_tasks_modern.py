@@ -26,7 +26,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gatewayd.modern import TASKS_EXTENSION
-from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, python_command, status, write_config
+from tests.daemon import REPO, Daemon, gatewayctl, pending_approvals, python_command, rpc, status, write_config
 from tests.e2e.test_mcp_sdk import MODERN_VERSION, SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, post, request
 from tests.fixtures import taskjobs
@@ -38,7 +38,8 @@ WITH: Final[dict[str, Any]] = {"elicitation": {}, "extensions": {TASKS_EXTENSION
 WITHOUT: Final[dict[str, Any]] = {"elicitation": {}}
 ROLES: Final = ('[roles.user]\nallow = ["jobs.*", "old.*", "modern.*", "gated.*"]\nconfirm = ["gated.slow_compute"]\n'
                 '[roles.user.confirmation."gated.slow_compute"]\ntimeout = "30s"\nchannels = ["web"]\n')
-# A child of 2025-11-25 that makes a task of a call sent with `task` (tests/fixtures/tasksrv.py).
+# A child of 2025-11-25 that makes a task of a call sent with `task`, and whose `must` runs only as one
+# (tests/fixtures/tasksrv.py).
 OLD_TASKS: Final = REPO / "tests" / "fixtures" / "tasksrv.py"
 # A child of 2026-07-28 whose `slow_then_ask` answers with questions only after a second (tests/fixtures/modernsrv.py).
 MODERN: Final = (python_command(str(REPO / "tests" / "fixtures" / "modernsrv.py"))
@@ -91,9 +92,9 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     root = tmp_path_factory.mktemp("modern-tasks")
-    tokens = write_config(root, {"jobs": taskjobs.tools_d(), "old": python_command(str(OLD_TASKS)), "modern": MODERN,
-                                 "gated": taskjobs.tools_d()},
-                          roles=ROLES,
+    servers = {"jobs": taskjobs.tools_d(), "old": python_command(str(OLD_TASKS), "--must"), "modern": MODERN,
+               "gated": taskjobs.tools_d()}
+    tokens = write_config(root, servers, roles=ROLES,
                           clients={"user": ["user"], "other": ["user"]})
     async with Daemon(root) as daemon:
         yield Rig(daemon, root, tokens)
@@ -295,3 +296,30 @@ async def test_a_task_waiting_for_a_persons_approval_says_so_and_runs_once_appro
         done = await rig.until(created["taskId"])
     assert done["status"] == "completed" and "statusMessage" not in done
     assert text_of_raw(done["result"]) == "gated: computed for 0s"
+
+
+async def test_a_legacy_childs_task_only_tool_answers_callers_that_ask_for_no_task(rig: Rig) -> None:
+    """`must` declares `taskSupport: "required"` and refuses a call without `task`: the gateway runs such a call
+    through a task of its own and waits for its result, whoever calls."""
+    async with asyncio.timeout(TEST_DEADLINE):
+        _, answer = await rig.call("tools/call", {"name": "old__must", "arguments": {"n": 1}}, WITHOUT)
+        assert text_of_raw(answer["result"]) == '{"n": 1}'
+        async with aiohttp.ClientSession() as session:
+            direct = await rpc(session, rig.daemon.url, rig.tokens["user"], "old.must", {"n": 2})
+        assert text_of_raw(direct["result"]) == '{"n": 2}'
+        async with httpx2.AsyncClient(headers={"Authorization": bearer(rig.tokens["user"])},
+                                      timeout=httpx2.Timeout(10, read=SDK_READ_TIMEOUT)) as http, \
+                Client(streamable_http_client(rig.daemon.url, http_client=http), mode="legacy",
+                       read_timeout_seconds=SDK_READ_TIMEOUT) as legacy:
+            result = await legacy.call_tool("old__must", {"n": 3})
+    assert not result.is_error and text_of(result) == '{"n": 3}'
+
+
+async def test_a_task_of_the_gateways_own_at_a_legacy_child_is_cancelled_when_its_call_ends_first(rig: Rig) -> None:
+    async with asyncio.timeout(TEST_DEADLINE):
+        async with aiohttp.ClientSession() as session:
+            held = await rpc(session, rig.daemon.url, rig.tokens["user"], "old.must",
+                             {"hold": True, "_meta": {"io.gatewayd/timeoutMs": 300}})
+        assert held["error"]["code"] == -32012, held
+        # The child's task does not run on for nobody: the gateway cancelled it.
+        await rig.daemon.wait_log(r"tasksrv: cancelled t\d+")
