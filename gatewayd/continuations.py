@@ -120,8 +120,10 @@ class Continuation:
         self.sink = None
 
     def decided(self, call: Call, still_allowed: Callable[[], None] | None) -> None:
-        """The call was decided (Gateway._call): keep what a retry decides it again with."""
+        """The call was decided (Gateway._call): keep what a retry decides it again with, and wake the request
+        waiting to learn whether it may become a task (`wait` answers None)."""
         self.call, self._still_allowed = call, still_allowed
+        self._wake()
 
     def check(self) -> None:
         """Decide the call again as of now: the route's "unknown" error when the client may no longer make it."""
@@ -185,8 +187,8 @@ class Continuation:
 
     async def wait(self, timeout: float | None = None) -> dict[str, Any] | list[Question] | None:
         """The call's answer once it has one, or the questions its server asked since the last round; None when
-        `timeout` seconds pass first (the call goes on). The waiting request being cancelled (its caller went away)
-        abandons the call."""
+        `timeout` seconds pass first, or the call was decided meanwhile (the call goes on). The waiting request being
+        cancelled (its caller went away) abandons the call."""
         if not self.task.done() and not self._fresh:
             self._waiter = asyncio.get_running_loop().create_future()
             try:

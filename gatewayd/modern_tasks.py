@@ -3,12 +3,12 @@ runs on, for its caller to poll.
 
 No tool server needs to know tasks: the gateway makes them. A `tools/call` of a tool whose tools.d `task` is
 "optional" or "required", from a caller that declares the extension in that request, runs as a continuation
-(continuations.py). What the call says within TASK_AFTER seconds is answered as for any call — its result, its
-error, a modern child's input-required result, the confirmation gate's question — so a quick call costs no polling
-and the questions a call must have answered before it can start are asked synchronously. A call still running then
-becomes a task: its caller gets a CreateTaskResult (the task exists before that answer leaves), and `tasks/get`
-says how the call stands: `working` (its `statusMessage` naming the approval it waits for, if it waits for a person);
-`input_required` with every question its server asked and nobody answered yet
+(continuations.py). What the call says within the `task_after` setting's seconds (0.5) is answered as for any call —
+its result, its error, a modern child's input-required result, the confirmation gate's question — so a quick call
+costs no polling and the questions a call must have answered before it can start are asked synchronously. A call
+still running then becomes a task once it is decided: its caller gets a CreateTaskResult (the task exists before
+that answer leaves), and `tasks/get` says how the call stands: `working` (its `statusMessage` naming the approval it
+waits for, if it waits for a person); `input_required` with every question its server asked and nobody answered yet
 (`inputRequests`, answered by `tasks/update`, any of them at a time) — or, when a modern (2026-07-28) server
 answered the call with questions of its own (an input-required result), those, and `tasks/update` sends the call
 again with the answers and the server's state (a round of its own through the pipeline, at most MAX_ROUNDS);
@@ -54,10 +54,6 @@ TASKS_NOTIFICATION: Final = "notifications/tasks"
 GET: Final = "tasks/get"
 UPDATE: Final = "tasks/update"
 CANCEL: Final = "tasks/cancel"
-# Seconds a call that may become a task has to answer before it does: long enough for a call that answers at once
-# (and for the questions that must come before the work starts) to be answered inline, short enough that no caller
-# holds a request open for long work.
-TASK_AFTER: Final = 0.25
 # Seconds a task outlives its call's deadline, so its outcome can still be read; and once its caller has read it.
 RESULT_KEEP: Final = 300.0
 READ_KEEP: Final = 60.0

@@ -204,6 +204,10 @@ class Settings(BaseModel):
     # A tool server's question put to a caller (relay.py) waits this long for the client's answer; the call's own
     # timeout may end it first. Long by default: a person may be answering it.
     relay_timeout: Duration = Field(300.0, gt=0, description="seconds a relayed request waits for the client's answer")
+    # A tool call that may become a task of a 2026-07-28 caller (tools.d `task`, modern_tasks.py) is answered inline
+    # if it says something this soon; one still running then becomes a task. 0: a task as soon as it is decided.
+    task_after: Duration = Field(0.5, ge=0, le=60, description="seconds a call that may become a task of a "
+                                 "2026-07-28 caller has to answer inline before it becomes one")
     # How long shutdown waits for calls in flight before stopping the tool servers anyway.
     shutdown_grace: Duration = Field(10.0, ge=0, description="seconds to drain calls on stop")
 

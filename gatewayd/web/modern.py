@@ -364,12 +364,20 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
     continuation.attach(ctx.emit)
     task = None
     try:
-        outcome = await continuation.wait(modern_tasks.TASK_AFTER if tasking else None)
-        if outcome is None:
-            task = _as_task(state, ctx, continuation, message)
-            if task is not None:
-                return jsonrpc.result_response(message.id, {**task.view(), "resultType": modern_tasks.RESULT_TYPE})
-            outcome = await continuation.wait()
+        clock = asyncio.get_running_loop()
+        inline_until = clock.time() + state.settings.task_after
+        outcome = await continuation.wait(state.settings.task_after if tasking else None)
+        while outcome is None:
+            # A call still running past `task_after` becomes a task once it is decided (what it is, and whether its
+            # caller may make it, is known only then): `wait` also returns when it is.
+            left = inline_until - clock.time()
+            if tasking and left <= 0 and continuation.call is not None:
+                tasking = False
+                task = _as_task(state, ctx, continuation, message)
+                if task is not None:
+                    return jsonrpc.result_response(message.id, {**task.view(),
+                                                                "resultType": modern_tasks.RESULT_TYPE})
+            outcome = await continuation.wait(left if tasking and left > 0 else None)
     except GatewayError as exc:
         return error_response(message.id, exc)
     finally:
@@ -378,8 +386,6 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
         else:
             # A task's call goes on with nobody to tell its progress or log messages (SEP-2663: tasks carry none).
             continuation.attach(_nowhere)
-    if outcome is None:
-        raise AssertionError("a wait without a timeout has an outcome")
     if isinstance(outcome, dict):
         return {**outcome, "id": message.id}
     try:

@@ -323,3 +323,17 @@ async def test_a_task_of_the_gateways_own_at_a_legacy_child_is_cancelled_when_it
         assert held["error"]["code"] == -32012, held
         # The child's task does not run on for nobody: the gateway cancelled it.
         await rig.daemon.wait_log(r"tasksrv: cancelled t\d+")
+
+
+async def test_with_task_after_zero_every_call_of_a_task_tool_is_a_task_once_decided(tmp_path: Path) -> None:
+    tokens = write_config(tmp_path, {"jobs": taskjobs.tools_d()}, roles=ROLES, clients={"user": ["user"]})
+    async with Daemon(tmp_path, "--task-after", "0") as daemon:
+        other = Rig(daemon, tmp_path, tokens)
+        async with asyncio.timeout(TEST_DEADLINE):
+            created = (await other.tool("slow_compute", {"seconds": 0, "label": "at once"}))["result"]
+            assert created["resultType"] == "task"
+            done = await other.until(created["taskId"])
+            # A tool without a `task` stays inline whatever the setting.
+            greeted = (await other.tool("greet", {"name": "Ada"}))["result"]
+    assert done["status"] == "completed" and text_of_raw(done["result"]) == "at once: computed for 0s"
+    assert greeted["resultType"] == "complete"
