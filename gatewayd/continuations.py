@@ -6,6 +6,8 @@ modern call whose caller declared something it could be asked runs as a task own
 asks, the HTTP request is answered with an input-required result carrying the question (web/modern.py seals a
 `requestState` naming the continuation), the call stays pending at the child, and the caller's retry sends its
 answers to the child under the child's own ids and waits again: for the call's answer, or the next question.
+A call that may become a task of its caller (modern_tasks.py) runs as one too: once it is a task, its questions wait
+for `tasks/update` (`answer_some`, any of them at a time) rather than a retry, and its changes are told to the task.
 
 Owns: those tasks (`close` ends them when the daemon stops), the questions of each (put to the caller with the relay's
 rules: the server's tools.d `relay`, the caller's declared capabilities, params a client can read, at most
