@@ -82,16 +82,24 @@ class Catalog:
         server = prefixed.get(prefix) if sep and method else None
         if server is not None and self.separator not in method:
             # Only with servers that have no prefix is the prefixed one asked whether it has the tool.
-            if not bare or await _offers(server, method):
+            if not bare or await self._offers(server, method):
                 return server, method
             return await self._bare(name, principal, bare) or (server, method)
         # A prefix may hold the separator itself (`my_server` with `_`): the later splits too; of several, the first
         # that offers the tool (`test` and `test_input` both prefixes, `test_input_x` is the one that has `x`).
         found = self._prefixed(name, prefixed) if sep else []
         for candidate, own in found if len(found) > 1 or (found and bare) else ():
-            if await _offers(candidate, own):
+            if await self._offers(candidate, own):
                 return candidate, own
         return await self._bare(name, principal, bare) or (found[0] if found else None)
+
+    async def _offers(self, server: Upstream, method: str) -> bool:
+        """Whether `server` offers `method`: looked up in its known list's index when it has one, else asked (may
+        start it)."""
+        known = server.tools_known()
+        if known is not None:
+            return method in self._by_method(known)
+        return await server.has_tool(method)
 
     async def _bare(self, name: str, principal: Principal, bare: list[Upstream]) -> tuple[Upstream, str] | None:
         """The first server exposed without a prefix that offers `name` and that the principal may see."""
@@ -275,11 +283,3 @@ def tell_tools_changed(sessions: Sessions, tokens: TokenTable, server: str) -> N
         return principal is not None and policy.may_see_server(principal, server)
 
     sessions.broadcast(LIST_CHANGED, to=lambda session: may_see(session.client))
-
-
-async def _offers(server: Upstream, method: str) -> bool:
-    """Whether `server` offers `method`: from its known list when it has one, else asked (may start it)."""
-    known = server.tools_known()
-    if known is not None:
-        return any(tool.method == method for tool in known)
-    return await server.has_tool(method)

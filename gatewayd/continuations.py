@@ -69,6 +69,15 @@ class Question:
     started: float = field(default_factory=time.monotonic)
     done: bool = False
 
+    def input_request(self) -> dict[str, Any]:
+        """The child's request as an input request for the caller: its method and params, without its `_meta`
+        (the child's own)."""
+        request: dict[str, Any] = {"method": self.message.get("method")}
+        params = self.message.get("params")
+        if isinstance(params, dict):
+            request["params"] = {name: value for name, value in params.items() if name != "_meta"}
+        return request
+
 
 class Continuation:
     """One modern call running as a task, and the questions its server has asked the caller."""

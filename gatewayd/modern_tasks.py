@@ -45,11 +45,10 @@ from gatewayd.errors import (
     InvalidParams,
     MissingClientCapability,
 )
+from gatewayd.listeners import TASKS_NOTIFICATION
 from gatewayd.modern import INPUT_REQUIRED, TASKS_EXTENSION, Envelope, answers_of
 
 logger = logging.getLogger(__name__)
-
-TASKS_NOTIFICATION: Final = "notifications/tasks"
 
 GET: Final = "tasks/get"
 UPDATE: Final = "tasks/update"
@@ -74,15 +73,6 @@ def _timestamp(seconds: float) -> str:
     """ISO 8601 in UTC, to the millisecond."""
     whole = int(seconds)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((seconds - whole) * 1000):03d}Z"
-
-
-def input_request(message: dict[str, Any]) -> dict[str, Any]:
-    """A child's request as an input request: its method and params, without its `_meta` (the child's own)."""
-    request: dict[str, Any] = {"method": message.get("method")}
-    params = message.get("params")
-    if isinstance(params, dict):
-        request["params"] = {name: value for name, value in params.items() if name != "_meta"}
-    return request
 
 
 AskAgain = Callable[[dict[str, Any], Any], Continuation]
@@ -185,7 +175,7 @@ class Task:
             return self._outcome()
         questions = continuation.outstanding()
         if questions:
-            return "input_required", {"inputRequests": {q.key: input_request(q.message) for q in questions}}
+            return "input_required", {"inputRequests": {q.key: q.input_request() for q in questions}}
         return "working", {}
 
     def _outcome(self) -> tuple[str, dict[str, Any]]:

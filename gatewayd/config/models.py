@@ -204,7 +204,8 @@ class ServerConfig(_Strict):
 
     def task_mode(self, method: str) -> str:
         """How a modern caller's call of `method` may become a task: "never", "optional" or "required"."""
-        return self.task_modes().get(method, "never")
+        declared = self.methods.get(method)
+        return declared.task if declared is not None else "never"
 
     def timeout_for(self, method: str) -> float:
         """The call deadline for `method`: its own override, else the server's."""

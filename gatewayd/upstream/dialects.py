@@ -289,21 +289,22 @@ class McpDialect(Dialect):
     async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         call_id = conn.new_id()
         params: dict[str, Any] = {"name": tool, "arguments": arguments if arguments is not None else {}}
+        meta = _meta(how, call_id)
+        if meta:
+            params["_meta"] = meta
         if how.task is not None:
             # A task-augmented call (tasks.py): the child answers with a CreateTaskResult.
             params["task"] = how.task
         elif tool in self._task_only:
-            return await self._through_task(conn, params, timeout, how)
-        meta = _meta(how, call_id)
-        if meta:
-            params["_meta"] = meta
+            return await self._through_task(conn, params, call_id, timeout, how)
         result = self._result(await conn.call(
             "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
             cancel_on_timeout=True, caller=how.caller, large=how.large,
         ))
         return await self._answered(conn, "tools/call", params, result, timeout, how)
 
-    async def _through_task(self, conn: Connection, params: dict[str, Any], timeout: float, how: Delivery) -> Any:
+    async def _through_task(self, conn: Connection, params: dict[str, Any], call_id: int, timeout: float,
+                            how: Delivery) -> Any:
         """A call of a tool that runs only as a task, for a caller that asked for none (a legacy call without `task`,
         a modern one, a direct one): sent with a task of the gateway's own, whose result `tasks/result` waits for —
         the caller gets the tool's result as from any call. Its deadline, or the call's end, cancels the task."""
@@ -311,7 +312,7 @@ class McpDialect(Dialect):
         deadline = loop.time() + timeout
         created = self._result(await conn.call(
             "tools/call", {**params, "task": {"ttl": int(timeout * 1000)}}, timeout=timeout, on_event=how.on_event,
-            request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller, large=how.large))
+            request_id=call_id, cancel_on_timeout=True, caller=how.caller, large=how.large))
         task = created.get("task") if isinstance(created, dict) else None
         task_id = task.get("taskId") if isinstance(task, dict) else None
         if not isinstance(task_id, str):

@@ -70,7 +70,6 @@ class Fleet:
     ) -> None:
         self.name = name
         self.config = config
-        self._task_modes = config.task_modes()
         self.config_dir = config_dir
         self.isolation = config.isolation
         self.protocol = config.protocol
@@ -103,10 +102,10 @@ class Fleet:
         return self.config.is_dangerous(method)
 
     def task_mode(self, method: str) -> str:
-        return self._task_modes.get(method, "never") if self._task_modes else "never"
+        return self.lister.task_mode(method)
 
     def deadline_for(self, method: str) -> float:
-        return self.config.timeout_for(method)
+        return self.lister.deadline_for(method)
 
     async def has_tool(self, method: str) -> bool:
         return await self.lister.has_tool(method)

@@ -91,7 +91,6 @@ def watch_exits_by_pidfd(loop: asyncio.AbstractEventLoop) -> bool:
     return True
 
 
-
 @dataclass
 class ExitInfo:
     """How a child ended, for errors and logs; its stderr went to the daemon's log, line by line, and its last

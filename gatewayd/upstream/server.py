@@ -405,6 +405,8 @@ class ToolServer:
         return modes.get(self.dialect.settings_name(method), "never") if modes else "never"
 
     def deadline_for(self, method: str) -> float:
+        """The call deadline for `method`: its tools.d timeout (under the name its dialect keeps it by), else the
+        server's `call_timeout`."""
         return self.config.timeout_for(self.dialect.settings_name(method))
 
     async def call_tool(self, tool: str, arguments: Any, delivery: Delivery = ANYONE) -> Any:
@@ -446,7 +448,7 @@ class ToolServer:
     async def _running_in_slot(self, method: str, delivery: Delivery) -> tuple[Connection, float]:
         """Hold a slot (`_release` gives it back) and the running child, for a call of `method` that may still run;
         its deadline."""
-        timeout = self.config.timeout_for(self.dialect.settings_name(method))
+        timeout = self.deadline_for(method)
         if delivery.timeout is not None and delivery.timeout < timeout:
             timeout = delivery.timeout
         await self._admit(timeout, delivery.client)

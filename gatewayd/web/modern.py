@@ -302,7 +302,6 @@ async def _dispatch(state: DaemonState, ctx: CallContext, message: jsonrpc.Reque
                                              legacy["instructions"])
         return jsonrpc.result_response(message.id, modern.finish(message.method, result, SERVER_INFO))
     if message.method in modern.TASK_METHODS:
-        assert isinstance(ctx.asker, modern.Asker)
         try:
             result = state.modern_tasks.answer(ctx.principal.name, message.method, message.params, envelope)
         except GatewayError as exc:
@@ -356,11 +355,7 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
             return await state.gateway.dispatch(ctx, message)
         # The call outlives this request: its events go where the current request says, its end is the
         # continuation's (this request's caller going away abandons it, `Continuation.wait`).
-        inner = dataclasses.replace(ctx, on_disconnect=None)
-        continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(inner, message))
-        inner.emit = continuation.emit
-        inner.on_decided = continuation.decided
-        asker.continuation = continuation
+        continuation = _start(state, ctx, message, asker)
     continuation.attach(ctx.emit)
     task = None
     try:
@@ -393,7 +388,7 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
     except GatewayError as exc:
         logger.info("client=%s %s: %s", ctx.principal.name, message.method[:64], exc.message)
         return error_response(message.id, exc)
-    requests = {question.key: modern_tasks.input_request(question.message) for question in outcome}
+    requests = {question.key: question.input_request() for question in outcome}
     parked = modern.GatewayState(request_state.CONTINUATION, {"c": continuation.id})
     return jsonrpc.result_response(message.id, {"resultType": modern.INPUT_REQUIRED, "inputRequests": requests,
                                                 "requestState": parked})
@@ -406,12 +401,19 @@ def _ask_again(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, a
     (decided, and audited, again), as a continuation of its own."""
     assert isinstance(ctx.asker, modern.Asker)
     retry = modern.Retry(answers, request_state.Opened(request_state.CHILD, _child_state(ctx, said)))
-    again = dataclasses.replace(ctx, asker=modern.Asker(ctx.asker.envelope, retry))
-    continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(again, message))
-    again.on_decided = continuation.decided
-    assert isinstance(again.asker, modern.Asker)
-    again.asker.continuation = continuation
+    continuation = _start(state, ctx, message, modern.Asker(ctx.asker.envelope, retry))
     continuation.attach(_nowhere)
+    return continuation
+
+
+def _start(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, asker: modern.Asker) -> Continuation:
+    """Run the call as a continuation owned by the daemon (continuations.py), not by the request that started it:
+    its events and its tool server's questions go to the continuation, which learns how it was decided."""
+    inner = dataclasses.replace(ctx, on_disconnect=None, asker=asker)
+    continuation = state.continuations.start(ctx.principal.name, state.gateway.dispatch(inner, message))
+    inner.emit = continuation.emit
+    inner.on_decided = continuation.decided
+    asker.continuation = continuation
     return continuation
 
 

@@ -210,3 +210,13 @@ async def test_a_session_server_s_count_of_calls_that_waited_keeps_those_of_ende
     owner.end()
     await eventually(lambda: not server.status()["children"], what="the ended session's child is let go")
     assert server.status()["queued_total"] == 1
+
+
+def test_a_fleets_task_modes_and_deadlines_are_its_servers_under_the_dialects_names(tmp_path: Path) -> None:
+    # An ACP agent's `prompt` tool is configured as `[methods."session/prompt"]`: a fleet reads it as its servers do.
+    config = ServerConfig.model_validate({
+        "command": ["true"], "protocol": "acp", "isolation": "session",
+        "methods": {"session/prompt": {"task": "optional", "timeout": "20m"}}})
+    fleet = Fleet("agent", config, tmp_path, ChildBudget(4))
+    assert (fleet.task_mode("prompt"), fleet.deadline_for("prompt")) == ("optional", 1200.0)
+    assert (fleet.task_mode("other"), fleet.deadline_for("other")) == ("never", config.call_timeout)
