@@ -105,6 +105,8 @@ class Continuation:
         self.on_change: Callable[[], None] | None = None
         # Why the call was abandoned, once it was: (outcome, reason).
         self.abandoned: tuple[str, str] | None = None
+        # How the call's work goes, as its tool server said last (a modern child's task's `statusMessage`).
+        self.status: str | None = None
         self.task: asyncio.Task[dict[str, Any]] = asyncio.ensure_future(call)
         self.task.add_done_callback(self._ended)
 
@@ -135,6 +137,12 @@ class Continuation:
         waiting to learn whether it may become a task (`wait` answers None)."""
         self.call, self._still_allowed = call, still_allowed
         self._wake()
+
+    def tell(self, status: str) -> None:
+        """The tool server says how the call's work goes (a task of its own): kept, and told as a change."""
+        if status != self.status:
+            self.status = status
+            self._changed()
 
     def check(self) -> None:
         """Decide the call again as of now: the route's "unknown" error when the client may no longer make it."""

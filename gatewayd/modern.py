@@ -296,6 +296,11 @@ class Asker:
         approval = state.data.get("a")
         return approval if isinstance(approval, str) else None
 
+    def tell(self, status: str) -> None:
+        """A child task's status: the continuation's, shown by the gateway's task of the call (modern_tasks.py)."""
+        if self.continuation is not None:
+            self.continuation.tell(status)
+
     def answer(self, key: str) -> Any:
         """The caller's answer under `key`, if its retry carries one."""
         return self.retry.answers.get(key) if self.retry is not None else None

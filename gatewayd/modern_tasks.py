@@ -161,7 +161,10 @@ class Task:
         view = {"taskId": self.id, "status": status, "createdAt": _timestamp(self.created),
                 "lastUpdatedAt": _timestamp(self.updated), "ttlMs": self.ttl_ms, "pollIntervalMs": POLL_INTERVAL_MS,
                 **detail}
-        note = self.waiting() if self.waiting is not None and status == "working" else None
+        note = None
+        if status == "working":
+            # What a person can act on first; else how the work goes, as its tool server said.
+            note = (self.waiting() if self.waiting is not None else None) or self.continuation.status
         if note is not None:
             view["statusMessage"] = note
         return view

@@ -28,10 +28,11 @@ A per-session child (upstream/fleet.py) may also ask outside any call (server-fi
 start-up and after a roots change): `session_caller` puts those to its session's client on the session's
 own stream, under the same rules, ending at the timeout or the session's end.
 
-A 2026-07-28 child has no requests of its own: it answers with an input-required result. `RelayCaller.put` asks
-a legacy caller those questions as relayed requests under the same rules (the dialect retries the child with the
-answers), and `RelayCaller.capabilities` is what such a child is told the caller can be asked. A legacy child's
-questions to a *modern* caller are continuations.py's.
+A 2026-07-28 child has no requests of its own: it answers with an input-required result, or a task of its own
+lists them (`inputRequests`). `put` asks them of any caller as the requests they name (a legacy caller: relayed
+under the same rules; the dialect retries the child with the answers, or sends them to its task), and
+`RelayCaller.capabilities` is what such a child is told the caller can be asked. A legacy child's questions to a
+*modern* caller are continuations.py's.
 
 Does not own attribution to a call or writing to the child (peer.py), the capabilities a session
 declared (sessions.py) or the gateway's own approval question (confirmation.py).
@@ -45,13 +46,16 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatewayd.calls import CallContext, request_key
 from gatewayd.errors import UpstreamError
 from gatewayd.jsonrpc import Response
 from gatewayd.records import Records
 from gatewayd.values import value
+
+if TYPE_CHECKING:
+    from gatewayd.upstream.api import Caller
 
 logger = logging.getLogger(__name__)
 
@@ -308,35 +312,48 @@ class RelayCaller:
         return {kind: value for kind in (SAMPLING, ELICITATION, ROOTS)
                 if isinstance(value := declared.get(kind), dict)}
 
+    def tell(self, status: str) -> None:
+        """Nothing to show: a legacy caller hears a child task's status as progress, if it asked for progress."""
+
     async def put(self, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:
         """A modern child's input requests (an input-required result) put to this legacy caller as relayed requests
-        on the call's stream, with the same rules as a legacy child's; their results by key, its retry's
-        `inputResponses`. One refused, failed or not answered in time fails the call with that error (the child's
-        era has no error answer to give it). Each ends within the relay's timeout, or with the caller."""
-        loop = asyncio.get_running_loop()
-        # The rounds' own call: ended on the way out, so that a question still asked then is settled (cancelled).
-        alive: asyncio.Future[None] = loop.create_future()
-        waits: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        try:
-            for key, request in list(requests.items())[:MAX_RELAYED_PER_CALL]:
-                got: asyncio.Future[dict[str, Any]] = loop.create_future()
-                request = request if isinstance(request, dict) else {}
-                message = {"jsonrpc": "2.0", "id": f"input-{key}", "method": request.get("method"),
-                           "params": request.get("params")}
-                now = self.relay.ask(self.ctx, server, allowed, message, alive, _resolver(got))
-                if now is not None:
-                    _resolver(got)(now)
-                waits[str(key)] = got
-            answers: dict[str, Any] = {}
-            for key, got in waits.items():
-                answer = await got
-                if "result" not in answer:
-                    raise UpstreamError(answer.get("error") or {"code": ENDED, "message": "not answered"})
-                answers[key] = answer["result"]
-            return answers
-        finally:
-            if not alive.done():
-                alive.set_result(None)
+        on the call's stream, with the same rules as a legacy child's: `put` below."""
+        return await put(self, server, allowed, requests)
+
+
+async def put(caller: Caller, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:
+    """Input requests of a child (an input-required result's, or a task's `inputRequests`) put to the call's caller,
+    each as the request it names would be (`Caller.ask`: relayed on a legacy caller's stream, a question of a modern
+    caller's continuation); their results by key, the child's `inputResponses`. One refused, failed or not answered in
+    time fails the call with that error (the child's era has no error answer to give it). Each ends within the relay's
+    timeout, or with the caller."""
+    loop = asyncio.get_running_loop()
+    # The questions' own call: ended on the way out, so that a question still asked then is settled (cancelled); a
+    # caller that must refuse one outright (a modern caller that declared no such capability) fails it.
+    alive: asyncio.Future[None] = loop.create_future()
+    waits: dict[str, asyncio.Future[dict[str, Any]]] = {}
+    try:
+        for key, request in list(requests.items())[:MAX_RELAYED_PER_CALL]:
+            got: asyncio.Future[dict[str, Any]] = loop.create_future()
+            request = request if isinstance(request, dict) else {}
+            message = {"jsonrpc": "2.0", "id": f"input-{key}", "method": request.get("method"),
+                       "params": request.get("params")}
+            now = caller.ask(server, allowed, message, alive, _resolver(got))
+            if alive.done():
+                alive.result()  # the caller failed the call: its error, not the refusal written for the child
+            if now is not None:
+                _resolver(got)(now)
+            waits[str(key)] = got
+        answers: dict[str, Any] = {}
+        for key, got in waits.items():
+            answer = await got
+            if "result" not in answer:
+                raise UpstreamError(answer.get("error") or {"code": ENDED, "message": "not answered"})
+            answers[key] = answer["result"]
+        return answers
+    finally:
+        if not alive.done():
+            alive.set_result(None)
 
 
 def _resolver(got: asyncio.Future[dict[str, Any]]) -> Reply:

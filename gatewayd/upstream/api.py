@@ -40,6 +40,11 @@ class Caller(Protocol):
         may answer with an input-required result (dialects.py). Read only for a modern child."""
         ...
 
+    def tell(self, status: str) -> None:
+        """How the call's work goes, as its tool server says (a modern child's task's `statusMessage`): a caller
+        polling a task of the gateway's is shown it."""
+        ...
+
 
 class AgentHost(Protocol):
     """Who answers what an agent asks its client during a turn it runs for a call (agents.py): its permission

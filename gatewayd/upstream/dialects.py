@@ -15,9 +15,11 @@ import asyncio
 import logging
 from typing import Any, ClassVar, Final
 
-from gatewayd import __version__, jsontext
+from gatewayd import __version__, jsontext, relay
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import (
+    INTERNAL_ERROR,
+    MISSING_CLIENT_CAPABILITY,
     CallTimedOut,
     GatewayError,
     InputNotRelayed,
@@ -25,6 +27,7 @@ from gatewayd.errors import (
     ToolServerUnavailable,
     UpstreamError,
 )
+from gatewayd.modern import TASKS_EXTENSION
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.eras import Eras, Found
@@ -46,6 +49,9 @@ LEGACY: Found = "legacy"
 ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"
 ENVELOPE_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 ENVELOPE_CLIENT = "io.modelcontextprotocol/clientInfo"
+# A modern child's CreateTaskResult (`resultType`), and the statuses after which its task changes no more.
+CHILD_TASK: Final = "task"
+TERMINAL_TASK_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
 # The params a caller's retry of an input-required result carries to a modern child (SEP-2322).
 RESUME_KEYS = frozenset({"inputResponses", "requestState"})
 # A `tools/list` (or resources, templates, prompts list) that pages forever is cut off here.
@@ -55,6 +61,13 @@ MAX_TOOL_PAGES = 100
 MAX_INPUT_ROUNDS = 8
 # Seconds a child has to acknowledge `tasks/cancel` of a task the gateway made for a call that ended first.
 TASK_CANCEL_TIMEOUT: Final = 5.0
+# A modern child that advertises the tasks extension (TASKS_EXTENSION) may answer a call declaring it with a task of
+# its own, which the gateway drives to its end (`_child_task`). Seconds between polls of such a task: what the child
+# suggests (`pollIntervalMs`), within these bounds (a child suggesting minutes would hold its callers that long after
+# the work is done), DEFAULT_TASK_POLL when it suggests nothing.
+MIN_TASK_POLL: Final = 0.01
+MAX_TASK_POLL: Final = 2.0
+DEFAULT_TASK_POLL: Final = 0.5
 # The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
 SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/templates/list",
                  "prompts": "prompts/list"}
@@ -156,8 +169,8 @@ class Dialect(abc.ABC):
 class McpDialect(Dialect):
     """An MCP server over stdio, of either era (its tools.d `era`): probed with `server/discover` (once per config,
     eras.py), a modern child (2026-07-28) gets the `_meta` envelope on every request and its results' `resultType`
-    read (an input-required result goes to the caller, its retry back); a legacy one gets `initialize`. Then
-    `tools/list` (paged), every call a `tools/call`."""
+    read (an input-required result goes to the caller, its retry back; a task of its own is driven to its end,
+    `_child_task`); a legacy one gets `initialize`. Then `tools/list` (paged), every call a `tools/call`."""
 
     protocol = "mcp"
 
@@ -173,6 +186,11 @@ class McpDialect(Dialect):
         self._task_only: frozenset[str] = frozenset()
         # Its `tasks/cancel` requests for tasks of the gateway's own whose call ended first (owned here, each bounded).
         self._cancels: set[asyncio.Task[Any]] = set()
+        # Whether this modern child's `server/discover` advertised the tasks extension (it may make tasks of its own).
+        self._makes_tasks = False
+        # Its tools that refused a call not declaring the extension (-32021): declared to them from then on, until the
+        # child's tools are listed again.
+        self._wants_tasks: set[str] = set()
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -196,6 +214,9 @@ class McpDialect(Dialect):
             return f"its {DISCOVER} failed: {exc.message}"
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
         if isinstance(versions, list) and MODERN_VERSION in versions:
+            capabilities = result.get("capabilities")
+            extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+            self._makes_tasks = isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
             return None
         return f"its {DISCOVER} does not list {MODERN_VERSION} (supportedVersions: {versions!r:.200})"
 
@@ -225,19 +246,23 @@ class McpDialect(Dialect):
         return {ENVELOPE_VERSION: MODERN_VERSION, ENVELOPE_CAPABILITIES: capabilities,
                 ENVELOPE_CLIENT: {"name": "gatewayd", "version": __version__}}
 
-    def _asks(self, how: Delivery | None) -> dict[str, Any]:
+    def _asks(self, how: Delivery | None, tasks: bool = False) -> dict[str, Any]:
         """The client capabilities a modern child is told of for one request: what its tools.d `relay` lets it ask,
-        and the caller can answer (an input-required result is the caller's to answer)."""
+        and the caller can answer (an input-required result is the caller's to answer); and the tasks extension when
+        the gateway will drive a task of the child's (`tasks`)."""
         declared = how.caller.capabilities if how is not None and how.caller is not None else {}
-        return {kind: value for kind, value in declared.items() if kind in self.config.relay}
+        asks: dict[str, Any] = {kind: value for kind, value in declared.items() if kind in self.config.relay}
+        if tasks:
+            asks["extensions"] = {TASKS_EXTENSION: {}}
+        return asks
 
-    def _params(self, params: dict[str, Any], how: Delivery | None) -> dict[str, Any]:
+    def _params(self, params: dict[str, Any], how: Delivery | None, tasks: bool = False) -> dict[str, Any]:
         """A request's params to a modern child: the envelope in its `_meta`, and the caller's answers to an
         input-required result, if this is the retry."""
         if not self.modern:
             return params
         meta = params.get("_meta")
-        params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **self._envelope(self._asks(how))}
+        params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **self._envelope(self._asks(how, tasks))}
         if how is not None and how.resume:
             params.update({key: value for key, value in how.resume.items() if key in RESUME_KEYS})
         return params
@@ -284,6 +309,7 @@ class McpDialect(Dialect):
     async def list_tools(self, conn: Connection, tag: str) -> list[ToolDef]:
         items = [item for item in await self._pages(conn, "tools/list", "tools", tag) if _valid_tool(item)]
         self._task_only = frozenset(item["name"] for item in items if not self.modern and _task_only(item))
+        self._wants_tasks.clear()
         return [_tool_def(item) for item in items]
 
     async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
@@ -292,16 +318,110 @@ class McpDialect(Dialect):
         meta = _meta(how, call_id)
         if meta:
             params["_meta"] = meta
+        if self.modern:
+            return await self._modern_call(conn, tool, params, call_id, timeout, how)
         if how.task is not None:
             # A task-augmented call (tasks.py): the child answers with a CreateTaskResult.
             params["task"] = how.task
         elif tool in self._task_only:
             return await self._through_task(conn, params, call_id, timeout, how)
-        result = self._result(await conn.call(
-            "tools/call", self._params(params, how), timeout=timeout, on_event=how.on_event, request_id=call_id,
-            cancel_on_timeout=True, caller=how.caller, large=how.large,
-        ))
-        return await self._answered(conn, "tools/call", params, result, timeout, how)
+        return await conn.call("tools/call", params, timeout=timeout, on_event=how.on_event, request_id=call_id,
+                               cancel_on_timeout=True, caller=how.caller, large=how.large)
+
+    async def _modern_call(self, conn: Connection, tool: str, params: dict[str, Any], call_id: int, timeout: float,
+                           how: Delivery) -> Any:
+        """A tool call of a modern child. The tasks extension is declared to a child that advertises it for a tool
+        whose tools.d `task` lets it run long, or that refused a call without it (-32021: sent again declaring it,
+        and so from then on): its answer may be a task of its own, which the gateway drives to its end for the caller
+        (`_child_task`), whoever the caller is. Its input-required results are `_answered`'s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        tasks = self._makes_tasks and (tool in self._wants_tasks or self.config.task_mode(tool) != "never")
+        try:
+            result = await conn.call(
+                "tools/call", self._params(params, how, tasks), timeout=timeout, on_event=how.on_event,
+                request_id=call_id, cancel_on_timeout=True, caller=how.caller, large=how.large)
+        except UpstreamError as exc:
+            if tasks or not _needs_tasks(exc.error):
+                raise
+            # The child runs this tool only as a task: it gets one, whatever it advertised.
+            self._wants_tasks.add(tool)
+            tasks, call_id = True, conn.new_id()
+            if how.progress:
+                params["_meta"]["progressToken"] = call_id
+            result = await conn.call(
+                "tools/call", self._params(params, how, tasks), timeout=max(0.0, deadline - loop.time()),
+                on_event=how.on_event, request_id=call_id, cancel_on_timeout=True, caller=how.caller, large=how.large)
+        result = await self._answered(conn, "tools/call", params, self._result(result),
+                                      max(0.0, deadline - loop.time()), how, tasks)
+        if isinstance(result, dict) and result.get("resultType") == CHILD_TASK:
+            return await self._child_task(conn, result, deadline, how)
+        return result
+
+    async def _child_task(self, conn: Connection, task: dict[str, Any], deadline: float, how: Delivery) -> Any:
+        """Drive a modern child's task (its CreateTaskResult `task`) to its end within the call's deadline: poll
+        `tasks/get` as often as the child suggests (MIN_TASK_POLL…MAX_TASK_POLL); put the questions it lists while
+        `input_required` to the caller (relay.put: each key once, as the extension asks; at most MAX_INPUT_ROUNDS
+        rounds) and send the answers with `tasks/update`; answer as the call would have: `completed` its result,
+        `failed` its JSON-RPC error, `cancelled` (by the child) a tool failure saying so; a caller who asked for
+        progress hears each new `statusMessage` as a step of it. The call ending first — its deadline, its caller
+        going away, an error — cancels the child's task (`tasks/cancel`)."""
+        loop = asyncio.get_running_loop()
+        task_id = task.get("taskId")
+        if not isinstance(task_id, str) or not task_id:
+            raise UpstreamError({"code": INTERNAL_ERROR,
+                                 "message": f"tool server {self.name!r} answered with a task without a taskId"})
+        answered: set[str] = set()
+        rounds = 0
+        said: tuple[str, int] | None = None
+        try:
+            while True:
+                said = _tell_status(task, said, how)
+                status = task.get("status")
+                if status == "completed":
+                    return _task_result(self.name, task)
+                if status == "failed":
+                    error = task.get("error")
+                    raise UpstreamError(error if isinstance(error, dict) else
+                                        {"code": INTERNAL_ERROR, "message": f"tool server {self.name!r}'s task failed"})
+                if status == "cancelled":
+                    return _tool_error(f"tool server {self.name!r} cancelled the task")
+                asked = task.get("inputRequests") if status == "input_required" else None
+                fresh = {key: request for key, request in asked.items() if key not in answered} \
+                    if isinstance(asked, dict) else {}
+                if fresh:
+                    rounds += 1
+                    if rounds > MAX_INPUT_ROUNDS:
+                        raise UpstreamError({"code": INTERNAL_ERROR, "message": f"tool server {self.name!r} asked "
+                                             f"for input more than {MAX_INPUT_ROUNDS} times in one task"})
+                    answers = await self._put(fresh, deadline, how)
+                    answered.update(fresh)
+                    update = {"taskId": task_id, "inputResponses": answers}
+                    await conn.call("tasks/update", self._params(update, how, True),
+                                    timeout=max(0.0, deadline - loop.time()), caller=how.caller)
+                else:
+                    await asyncio.sleep(min(_poll_seconds(task), max(0.0, deadline - loop.time())))
+                if loop.time() >= deadline:
+                    raise CallTimedOut(f"tool server {self.name!r} did not finish its task in time",
+                                       {"server": self.name})
+                got = await conn.call("tasks/get", self._params({"taskId": task_id}, how, True),
+                                      timeout=max(0.0, deadline - loop.time()), caller=how.caller)
+                task = got if isinstance(got, dict) else {}
+        except BaseException:
+            if conn.alive and task.get("status") not in TERMINAL_TASK_STATUSES:
+                self._cancel(conn, task_id)
+            raise
+
+    async def _put(self, requests: dict[str, Any], deadline: float, how: Delivery) -> dict[str, Any]:
+        """A child task's questions put to the call's caller (relay.put), answered within the call's deadline."""
+        if how.caller is None:
+            raise InputNotRelayed(self.name, requests)
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await relay.put(how.caller, self.name, self.config.relay, requests)
+        except TimeoutError:
+            raise CallTimedOut(f"tool server {self.name!r} did not finish its task in time",
+                               {"server": self.name}) from None
 
     async def _through_task(self, conn: Connection, params: dict[str, Any], call_id: int, timeout: float,
                             how: Delivery) -> Any:
@@ -328,7 +448,8 @@ class McpDialect(Dialect):
             raise
 
     def _cancel(self, conn: Connection, task_id: str) -> None:
-        cancel = asyncio.ensure_future(conn.call("tasks/cancel", {"taskId": task_id}, timeout=TASK_CANCEL_TIMEOUT))
+        cancel = asyncio.ensure_future(conn.call("tasks/cancel", self._params({"taskId": task_id}, None, True),
+                                                 timeout=TASK_CANCEL_TIMEOUT))
         self._cancels.add(cancel)
         cancel.add_done_callback(self._cancelled)
 
@@ -339,7 +460,7 @@ class McpDialect(Dialect):
                         cancel.exception())
 
     async def _answered(self, conn: Connection, method: str, params: dict[str, Any], result: Any, timeout: float,
-                        how: Delivery) -> Any:
+                        how: Delivery, tasks: bool = False) -> Any:
         """A modern child's input-required results put to a legacy caller that can be asked on its stream (relay.py
         `RelayCaller.put`), and the request retried with the answers until the child answers otherwise (at most
         MAX_INPUT_ROUNDS rounds, all within the call's timeout); a caller nobody can ask (answered as plain JSON)
@@ -367,7 +488,7 @@ class McpDialect(Dialect):
             retry["_meta"] = {key: value for key, value in (params.get("_meta") or {}).items()
                               if key not in (ENVELOPE_VERSION, ENVELOPE_CAPABILITIES, ENVELOPE_CLIENT)}
             result = self._result(await conn.call(
-                method, self._params(retry, how), timeout=max(0.0, deadline - loop.time()),
+                method, self._params(retry, how, tasks), timeout=max(0.0, deadline - loop.time()),
                 on_event=how.on_event, request_id=conn.new_id(), cancel_on_timeout=True, caller=how.caller,
                 large=how.large,
             ))
@@ -515,6 +636,51 @@ def _asked(result: Any) -> dict[str, Any] | None:
         return None
     requests = result.get("inputRequests")
     return requests if isinstance(requests, dict) else None
+
+
+def _needs_tasks(error: dict[str, Any]) -> bool:
+    """Whether a child's error is -32021 naming the tasks extension: the call must declare it."""
+    data = error.get("data")
+    required = data.get("requiredCapabilities") if isinstance(data, dict) else None
+    extensions = required.get("extensions") if isinstance(required, dict) else None
+    return error.get("code") == MISSING_CLIENT_CAPABILITY and isinstance(extensions, dict) \
+        and TASKS_EXTENSION in extensions
+
+
+def _poll_seconds(task: dict[str, Any]) -> float:
+    """Seconds until a child's task is polled again: its suggestion, within bounds."""
+    suggested = task.get("pollIntervalMs")
+    if not isinstance(suggested, int | float) or isinstance(suggested, bool):
+        return DEFAULT_TASK_POLL
+    return min(MAX_TASK_POLL, max(MIN_TASK_POLL, suggested / 1000))
+
+
+def _tell_status(task: dict[str, Any], said: tuple[str, int] | None, how: Delivery) -> tuple[str, int] | None:
+    """Tell the caller the child task's `statusMessage` when it changed (a task of the gateway's shows it), and a
+    caller who asked for progress as a step of progress; the message said last and its step."""
+    message = task.get("statusMessage")
+    if not isinstance(message, str) or (said is not None and said[0] == message):
+        return said
+    step = said[1] + 1 if said is not None else 1
+    if how.caller is not None:
+        how.caller.tell(message)
+    if how.progress and how.on_event is not None:
+        how.on_event({"jsonrpc": "2.0", "method": "notifications/progress",
+                      "params": {"progressToken": None, "progress": step, "message": message}})
+    return message, step
+
+
+def _task_result(server: str, task: dict[str, Any]) -> dict[str, Any]:
+    """A completed child task's result, as the call's own (its `resultType` is the call's, not the task's)."""
+    result = task.get("result")
+    if not isinstance(result, dict):
+        raise UpstreamError({"code": INTERNAL_ERROR,
+                             "message": f"tool server {server!r} completed its task without a result"})
+    return {key: value for key, value in result.items() if key != "resultType"}
+
+
+def _tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def _valid_tool(item: Any) -> bool:
