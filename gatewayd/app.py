@@ -160,7 +160,8 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
     pool = Pool(on_tools_changed=lambda name: tell_tools_changed(sessions, state.generation.tokens, name),
                 on_surface_event=lambda name, message: told(name, message),
                 max_isolated_children=settings.max_isolated_children,
-                on_child_up=lambda server: gateway.surfaces.child_up(server))
+                on_child_up=lambda server: gateway.surfaces.child_up(server),
+                needed=lambda name: gateway.surfaces.holds(name))
 
     def told(name: str, message: dict[str, Any]) -> None:
         if message.get("method") == tasks.STATUS:

@@ -170,6 +170,14 @@ class Surfaces:
         if uris:
             self._send(self._resubscribe(server, uris), f"{server.name}-resubscribe")
 
+    def holds(self, server: str) -> bool:
+        """Whether a session whose client may still read `server` holds a subscription at it: its child must run for
+        them to hear of changes (upstream/server.py keeps it, and starts it again after it exits)."""
+        if self._principals is None:
+            return False
+        return any(name == server and any(self._may_read(client, name) for client in set(holders.values()))
+                   for (name, _uri), holders in self._holders.items())
+
     def _may_read(self, client: str, server: str) -> bool:
         principal = self._principals(client) if self._principals is not None else None
         return principal is not None and _may_use(principal, server, READ)

@@ -51,10 +51,13 @@ class Pool:
     def __init__(self, on_tools_changed: Callable[[str], None] | None = None,
                  on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
                  max_isolated_children: int = DEFAULT_ISOLATED_CHILDREN,
-                 on_child_up: Callable[[ToolServer], None] | None = None) -> None:
+                 on_child_up: Callable[[ToolServer], None] | None = None,
+                 needed: Callable[[str], bool] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
         self._on_surface_event = on_surface_event
         self._on_child_up = on_child_up
+        # Whether sessions hold resource subscriptions at a server's child (surfaces.py): it runs even without calls.
+        self._needed = needed
         # Shared by every generation's per-client and per-session children.
         self.budget = ChildBudget(max_isolated_children)
         # What the era probe found for each server's program, kept across restarts, children and reloads (eras.py).
@@ -79,7 +82,7 @@ class Pool:
                 continue
             if config.isolation == "shared":
                 servers[name] = ToolServer(name, config, snapshot.config_dir, self._on_tools_changed, generation,
-                                          self._on_surface_event, self._on_child_up, eras=self.eras)
+                                          self._on_surface_event, self._on_child_up, self._needed, eras=self.eras)
             else:
                 # An owner's subscriptions live and end with its own child: nothing to renew on a new one.
                 servers[name] = Fleet(name, config, snapshot.config_dir, self.budget, self._on_tools_changed,
@@ -90,13 +93,13 @@ class Pool:
 
     def switched(self, previous: Mapping[str, Server], current: Mapping[str, Server], drain: float) -> None:
         """After a reload swapped `previous` for `current`: retire the servers no longer current in the background
-        (see the module doc) and start the new eager ones."""
+        (see the module doc) and start the new eager ones, and those sessions hold subscriptions at."""
         for name, old in previous.items():
             if current.get(name) is not old:
                 why = "was changed by a config reload" if name in current else "was removed by a config reload"
                 self._retire(old, why, drain)
-        fresh = [server for name, server in current.items()
-                 if previous.get(name) is not server and server.config.start == "eager"]
+        fresh = [server for name, server in current.items() if previous.get(name) is not server
+                 and (server.config.start == "eager" or (self._needed is not None and self._needed(name)))]
         if fresh:
             task = asyncio.create_task(self._start(fresh), name="eager-start-after-reload")
             self._starting.add(task)

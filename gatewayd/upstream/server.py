@@ -5,8 +5,10 @@ to its child, and implements the gateway's `Upstream` interface (api.py) over it
 the server's dialect (dialects.py). Concurrent first calls share one start. A crash fails
 the calls in flight (connection.py) and delays the next start by an exponential backoff;
 too many crashes in a window leave the server `failed` until its config changes or an
-admin restarts it. Does not own routing or policy (gateway.py), what a protocol says on
-the wire (dialects.py) or the set of servers (pool.py).
+admin restarts it. A child sessions hold resource subscriptions at (surfaces.py) runs for
+them without calls: it is not stopped idle, and is started again once it exits. Does not
+own routing or policy (gateway.py), what a protocol says on the wire (dialects.py) or the
+set of servers (pool.py).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class ToolServer:
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
         on_child_up: Callable[[ToolServer], None] | None = None,
+        needed: Callable[[str], bool] | None = None,
         owner: Caller | None = None,
         tag: str = "",
         private: bool = False,
@@ -103,6 +106,11 @@ class ToolServer:
         self._on_surface_event = on_surface_event
         # Told each time a new child is up (surfaces.py subscribes it again to the URIs sessions hold).
         self._on_child_up = on_child_up
+        # Asked (with the server's name) whether sessions hold resource subscriptions at its child (surfaces.py): they
+        # hear of changes only while a child runs, so such a child is not stopped idle, and one that exited is
+        # started again (`_revive`) without waiting for a call.
+        self._needed = needed
+        self._revive: asyncio.Task[None] | None = None
         # Resources, templates, prompts by kind, with the connection they were listed on (a new child lists anew).
         self._surfaces: dict[str, tuple[Connection, list[dict[str, Any]]]] = {}
         self.state = State.STOPPED
@@ -250,6 +258,11 @@ class ToolServer:
     async def _stop_if_idle(self, conn: Connection) -> bool:
         if self._active or conn.in_flight or time.monotonic() - self._last_activity < self.config.idle_timeout:
             return False
+        if self._kept():
+            logger.info("server=%s pid=%d idle for %gs, kept: sessions hold subscriptions at it", self.tag, conn.pid,
+                        self.config.idle_timeout)
+            self._touch()
+            return False
         async with self._start_lock:
             if self._active or self._conn is not conn:
                 return False
@@ -270,6 +283,25 @@ class ToolServer:
         self._record_crash()
         if self.state is not State.FAILED:
             self.state = State.STOPPED
+            if self.retired is None and self._kept() and (self._revive is None or self._revive.done()):
+                self._revive = asyncio.create_task(self._revived(), name=f"{self.name}-revive")
+
+    def _kept(self) -> bool:
+        """Whether sessions hold resource subscriptions at this server's child."""
+        return self._needed is not None and self._needed(self.name)
+
+    async def _revived(self) -> None:
+        """Start a new child for the sessions that hold subscriptions at the one that exited (once its crash backoff
+        has passed), as long as they do. A start that fails counts as a crash, so a child that cannot start ends
+        `failed` within `max_restarts` and is not tried again."""
+        while self.retired is None and self.state is not State.FAILED and self._kept():
+            try:
+                conn = await self.ensure_running()
+            except GatewayError as exc:
+                logger.warning("server=%s start for its subscribers failed: %s", self.tag, exc.message)
+                continue
+            logger.info("server=%s pid=%d started again: sessions hold subscriptions at it", self.tag, conn.pid)
+            return
 
     def _record_crash(self) -> None:
         now = time.monotonic()
@@ -283,7 +315,8 @@ class ToolServer:
         self.restarts += 1
         backoff = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (len(self._crashes) - 1))
         self._next_start = now + backoff
-        logger.warning("server=%s will restart on the next call, not before %.1fs", self.tag, backoff)
+        logger.warning("server=%s will start again when next needed (a call, or its subscribers), not before %.1fs",
+                       self.tag, backoff)
 
     def reset(self) -> None:
         """Forget crashes (admin restart or new config): a failed server may start again."""
@@ -293,10 +326,11 @@ class ToolServer:
             self.state = State.STOPPED
 
     async def restart(self) -> None:
-        """An admin restart: forget crashes (leaving `failed`), stop the child; the next call starts a new one."""
+        """An admin restart: forget crashes (leaving `failed`), stop the child; the next call starts a new one (at
+        once when it is eager, or sessions hold subscriptions at it)."""
         self.reset()
         await self.stop()
-        if self.config.start == "eager":
+        if self.config.start == "eager" or self._kept():
             await self.ensure_running()
 
     async def retire(self, why: str, drain: float) -> None:
@@ -328,6 +362,10 @@ class ToolServer:
 
     async def stop(self) -> None:
         """Stop the child, if running, with the full escalation; calls in flight fail."""
+        revive, self._revive = self._revive, None
+        if revive is not None:
+            revive.cancel()
+            await asyncio.gather(revive, return_exceptions=True)
         async with self._start_lock:
             conn, self._conn = self._conn, None
             if self.state is not State.FAILED:

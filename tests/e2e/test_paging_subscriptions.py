@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -37,9 +39,13 @@ TEST_DEADLINE = 60.0
 READ_DEADLINE = 10.0
 
 
-def _config(tmp_path: Path) -> dict[str, str]:
-    server = python_command(str(FIXTURE)) + f'\nenv = {{ SUBSRV_LOG = "{tmp_path / "subs.log"}" }}\n'
-    return write_config(tmp_path, {"sub": server}, ROLES, {"reader": ["all"], "other": ["all"]})
+def _config(tmp_path: Path, extra: str = "") -> dict[str, str]:
+    return write_config(tmp_path, {"sub": _server(tmp_path, extra)}, ROLES, {"reader": ["all"], "other": ["all"]})
+
+
+def _server(tmp_path: Path, extra: str = "") -> str:
+    return (python_command(str(FIXTURE)) + f'\nenv = {{ SUBSRV_LOG = "{tmp_path / "subs.log"}", '
+            f'SUBSRV_BROKEN = "{tmp_path / "broken"}" }}\n' + extra)
 
 
 def _log(tmp_path: Path) -> list[tuple[int, str, str]]:
@@ -92,8 +98,8 @@ class Session:
 
 
 @asynccontextmanager
-async def daemon(tmp_path: Path) -> AsyncIterator[tuple[LocalClient, DaemonState, dict[str, str]]]:
-    tokens = _config(tmp_path)
+async def daemon(tmp_path: Path, extra: str = "") -> AsyncIterator[tuple[LocalClient, DaemonState, dict[str, str]]]:
+    tokens = _config(tmp_path, extra)
     async with asyncio.timeout(TEST_DEADLINE), running_stack(tmp_path, list_page_size=PAGE,
                                                              sse_keepalive=0.2) as (client, state):
         yield client, state, tokens
@@ -172,6 +178,56 @@ async def test_a_subscription_is_renewed_on_each_new_child_and_ended_with_its_la
         assert (third, "unsubscribe", WATCHED) not in _log(tmp_path)
         await theirs.close()  # the last holder is gone
         await eventually(lambda: (third, "unsubscribe", WATCHED) in _log(tmp_path), what="unsubscribed")
+
+
+async def test_a_child_sessions_hold_subscriptions_at_runs_on_idle_and_starts_again_on_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gatewayd.upstream.server")
+    async with daemon(tmp_path, 'idle_timeout = "1s"\n') as (local, state, tokens):
+        mine = await Session(local, tokens["reader"]).open()
+        assert (await mine("resources/subscribe", {"uri": WATCHED}))["result"] == {}
+        server = state.generation.servers["sub"]
+        first = server.pid
+        # Idle, but its subscriber hears of changes only while it runs: kept.
+        await eventually(lambda: "idle for 1s, kept: sessions hold subscriptions at it" in caplog.text,
+                         what="the idle child kept")
+        assert server.pid == first
+        await _touched(mine)
+
+        await mine("tools/call", {"name": "sub__crash", "arguments": {}})  # the child dies
+        # A new child starts once the crash backoff has passed, without a call, and is subscribed again.
+        await eventually(lambda: server.pid not in (None, first) and (server.pid, "subscribe", WATCHED)
+                         in _log(tmp_path), what="started again and subscribed")
+        await _touched(mine)
+
+        # A reload that changes the server: its new child starts at once, subscribed.
+        (tmp_path / "tools.d" / "sub.toml").write_text(_server(tmp_path, 'idle_timeout = "2s"\n'))
+        assert (await Reloader(state, drain=1.0).reload("test")).ok
+        renewed = state.generation.servers["sub"]
+        assert renewed is not server
+        await eventually(lambda: renewed.pid is not None and (renewed.pid, "subscribe", WATCHED) in _log(tmp_path),
+                         what="the reloaded server's child subscribed")
+        assert (await mine.notification())["method"] == "notifications/tools/list_changed"
+        await _touched(mine)
+
+        # Its last subscriber gone, the child idles out as any other.
+        await mine.close()
+        await eventually(lambda: renewed.pid is None, what="the idle child stopped")
+
+
+async def test_a_child_that_cannot_start_for_its_subscribers_ends_failed_within_its_restarts(tmp_path: Path) -> None:
+    async with daemon(tmp_path, "max_restarts = 2\n") as (local, state, tokens):
+        mine = await Session(local, tokens["reader"]).open()
+        assert (await mine("resources/subscribe", {"uri": WATCHED}))["result"] == {}
+        server = state.generation.servers["sub"]
+        (tmp_path / "broken").touch()
+        await mine("tools/call", {"name": "sub__crash", "arguments": {}})
+        # Started again for its subscriber after each backoff (0.5 s, 1 s), each start failing: failed after the
+        # third crash, and not tried again.
+        await eventually(lambda: server.state.value == "failed", what="the server failed")
+        assert server.restarts == 2 and server.pid is None
+        await mine.close()
 
 
 async def _touched(session: Session) -> None:
