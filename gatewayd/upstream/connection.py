@@ -30,7 +30,8 @@ class Connection:
     once the child has exited, before the calls pending on it fail; `on_request` answers a request
     the child sends (the reply to write back, or None), by default `peer.default_reply`.
     `call`, `notify`, `new_id`, `fail_calls`, `reply` (a reply `on_request` left for later), `pending_for`
-    (the call a request of the child belongs to) and `touch` (a call's activity) are the peer's (see peer.Peer).
+    (the call a request of the child belongs to), `touch` (a call's activity) and `listen`/`unlisten` (a modern
+    child's `subscriptions/listen`) are the peer's (see peer.Peer).
     """
 
     def __init__(
@@ -74,6 +75,8 @@ class Connection:
         self.pending_for = peer.pending_for
         self.touch = peer.touch
         self.hold = peer.hold
+        self.listen = peer.listen
+        self.unlisten = peer.unlisten
 
     @property
     def pid(self) -> int:

@@ -19,6 +19,8 @@ from gatewayd import __version__, jsontext, relay
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     MISSING_CLIENT_CAPABILITY,
     CallTimedOut,
     GatewayError,
@@ -27,7 +29,8 @@ from gatewayd.errors import (
     ToolServerUnavailable,
     UpstreamError,
 )
-from gatewayd.modern import TASKS_EXTENSION
+from gatewayd.modern import LISTEN, SUBSCRIPTION_ID_KEY, TASKS_EXTENSION
+from gatewayd.surfaces import SUBSCRIBE, UNSUBSCRIBE
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.eras import Eras, Found
@@ -68,6 +71,13 @@ TASK_CANCEL_TIMEOUT: Final = 5.0
 MIN_TASK_POLL: Final = 0.01
 MAX_TASK_POLL: Final = 2.0
 DEFAULT_TASK_POLL: Final = 0.5
+# What a modern child is asked to tell of on the gateway's `subscriptions/listen` (2026-07-28 has no unsolicited
+# notifications, nor `resources/subscribe`): each change of a list its `server/discover` says it tells of (the filter
+# flag, by the capability whose `listChanged` says so), and the resources sessions hold subscriptions to, if it says
+# `resources.subscribe`. Its acknowledgement is no news.
+LISTEN_FLAGS: Final = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
+                       "resourcesListChanged": "resources"}
+ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
 # The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
 SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/templates/list",
                  "prompts": "prompts/list"}
@@ -186,11 +196,20 @@ class McpDialect(Dialect):
         self._task_only: frozenset[str] = frozenset()
         # Its `tasks/cancel` requests for tasks of the gateway's own whose call ended first (owned here, each bounded).
         self._cancels: set[asyncio.Task[Any]] = set()
-        # Whether this modern child's `server/discover` advertised the tasks extension (it may make tasks of its own).
+        # What this modern child's `server/discover` says it offers (its capabilities), and whether that includes the
+        # tasks extension (it may make tasks of its own).
+        self._offers: dict[str, Any] = {}
         self._makes_tasks = False
         # Its tools that refused a call not declaring the extension (-32021): declared to them from then on, until the
         # child's tools are listed again.
         self._wants_tasks: set[str] = set()
+        # A modern child tells of changes on the gateway's one `subscriptions/listen` (`_listen`): the resources
+        # sessions hold subscriptions to at it (what `resources/subscribe` was), the open listen (its connection and
+        # id), the next one if it is to be opened again, and a connection whose child refused to listen.
+        self._uris: set[str] = set()
+        self._listening: tuple[Connection, int] | None = None
+        self._relisten: asyncio.Handle | None = None
+        self._deaf: Connection | None = None
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -215,7 +234,8 @@ class McpDialect(Dialect):
         versions = result.get("supportedVersions") if isinstance(result, dict) else None
         if isinstance(versions, list) and MODERN_VERSION in versions:
             capabilities = result.get("capabilities")
-            extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+            self._offers = capabilities if isinstance(capabilities, dict) else {}
+            extensions = self._offers.get("extensions")
             self._makes_tasks = isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
             return None
         return f"its {DISCOVER} does not list {MODERN_VERSION} (supportedVersions: {versions!r:.200})"
@@ -282,6 +302,10 @@ class McpDialect(Dialect):
             tools = await self.list_tools(conn, tag)
             logger.info("server=%s pid=%d ready: protocol %s (stateless), %d tools", tag, conn.pid, MODERN_VERSION,
                         len({tool.method for tool in tools}))
+            # Its lists' changes from now on; the resources sessions hold are subscribed again once it is up
+            # (surfaces.py `child_up`), each joining this listen.
+            self._uris.clear()
+            self._listen(conn)
             return tools
         try:
             result = await conn.call(
@@ -496,6 +520,83 @@ class McpDialect(Dialect):
                 break
         return result
 
+    def on_notification(self, message: dict[str, Any]) -> bool:
+        """A modern child's notifications come on the gateway's listen, marked with its id (nothing the gateway's
+        callers know: taken off); its acknowledgement is taken here."""
+        if not self.modern:
+            return False
+        params = message.get("params")
+        if isinstance(params, dict) and isinstance(meta := params.get("_meta"), dict) and SUBSCRIPTION_ID_KEY in meta:
+            rest = {key: value for key, value in meta.items() if key != SUBSCRIPTION_ID_KEY}
+            if rest:
+                params["_meta"] = rest
+            else:
+                del params["_meta"]
+        return message.get("method") == ACKNOWLEDGED
+
+    def _listen(self, conn: Connection) -> None:
+        """Open the child's `subscriptions/listen` for what the gateway wants told now, then end the one it replaces
+        (opened first, so that no change falls between the two). A child that refused once is not asked again."""
+        self._relisten = None
+        if not conn.alive or self._deaf is conn:
+            return
+        notifications: dict[str, Any] = {flag: True for flag, kind in LISTEN_FLAGS.items()
+                                         if self._says(kind, "listChanged")}
+        if self._uris:
+            notifications["resourceSubscriptions"] = sorted(self._uris)
+        old = self._listening
+        if not notifications:
+            # Nothing it tells of is wanted now: the open listen, if any, ends.
+            self._listening = None
+            if old is not None and old[0] is conn:
+                conn.unlisten(old[1])
+            return
+        try:
+            listen_id = conn.listen(LISTEN, self._params({"notifications": notifications}, None),
+                                    lambda answer: self._listen_ended(conn, answer))
+        except ToolServerUnavailable as exc:
+            logger.info("server=%s %s not sent: %s", self.name, LISTEN, exc.message)
+            return
+        logger.info("server=%s pid=%d listening for changes of its lists and of %d resources", self.name, conn.pid,
+                    len(self._uris))
+        self._listening = conn, listen_id
+        if old is not None and old[0] is conn:
+            conn.unlisten(old[1])
+
+    def _says(self, kind: str, feature: str) -> bool:
+        """Whether the child's `server/discover` capabilities say `kind.feature` (`tools.listChanged`, …)."""
+        offered = self._offers.get(kind)
+        return isinstance(offered, dict) and offered.get(feature) is True
+
+    def _listen_ended(self, conn: Connection, answer: dict[str, Any]) -> None:
+        """The child ended a listen of the gateway's: refused it (not asked again on this child), or ended it."""
+        if self._listening == (conn, answer.get("id")):
+            self._listening = None
+        if "error" in answer:
+            self._deaf = conn
+            logger.warning("server=%s refused %s (%.200s): changes of its tools, prompts and resources are not "
+                           "heard", self.name, LISTEN, answer.get("error"))
+        else:
+            logger.info("server=%s ended the gateway's %s", self.name, LISTEN)
+
+    def _subscription(self, conn: Connection, method: str, params: Any) -> dict[str, Any]:
+        """`resources/subscribe` or `unsubscribe` of a modern child, which has neither: the URI joins or leaves the
+        gateway's listen, opened again with it (once for all the changes of one loop turn)."""
+        uri = params.get("uri") if isinstance(params, dict) else None
+        if not isinstance(uri, str):
+            raise UpstreamError({"code": INVALID_PARAMS, "message": "params.uri must be a string"})
+        if method == SUBSCRIBE and not self._says("resources", "subscribe"):
+            raise UpstreamError({"code": METHOD_NOT_FOUND,
+                                 "message": f"tool server {self.name!r} offers no resource subscriptions"})
+        held = len(self._uris)
+        if method == SUBSCRIBE:
+            self._uris.add(uri)
+        else:
+            self._uris.discard(uri)
+        if len(self._uris) != held and self._relisten is None:
+            self._relisten = asyncio.get_running_loop().call_soon(self._listen, conn)
+        return {}
+
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         # A direct `server.tool` call of an MCP server is its tool call; on this route a tool's failure is an error.
         result = await self.call_tool(conn, method, params, timeout, how)
@@ -558,6 +659,8 @@ class McpDialect(Dialect):
         return items
 
     async def call_surface(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
+        if self.modern and method in (SUBSCRIBE, UNSUBSCRIBE):
+            return self._subscription(conn, method, params)
         call_id = conn.new_id()
         sent: dict[str, Any] = dict(params) if isinstance(params, dict) else {}
         meta = _meta(how, call_id)

@@ -1,7 +1,8 @@
 """The gateway's JSON-RPC peer on one child's stdio pipes: ids, pending calls, answers, the child's own messages.
 
 Owns: the gateway's request ids toward the child, the table of calls waiting for an answer and
-their deadlines, matching responses to them, the child's requests (answered by `on_request`, or
+their deadlines, matching responses to them, the requests that stay open and are no call (a 2026-07-28
+child's `subscriptions/listen`: `listen`), the child's requests (answered by `on_request`, or
 by `default_reply`) and notifications (routed to the call they belong to, or to the owner), and
 failing the calls pending when the child is gone (with how it ended, never its stderr: the child
 is every client's, its stderr is in the daemon's log). A request of the child whose id is not a string
@@ -213,6 +214,9 @@ class Peer:
         self._on_activity = on_activity
         self._on_request = on_request or default_reply
         self._pending: dict[int, PendingCall] = {}
+        # Open requests that are no call: a 2026-07-28 child's `subscriptions/listen` streams (`listen`), each told
+        # its end, if the child ends it.
+        self._listens: dict[int, Callable[[dict[str, Any]], None]] = {}
         # The child is one client's alone (fleet.py): its last stderr lines may go to that client when it dies.
         self._private = private
         # Ids of the child's own requests whose replies were left for later (`reply`): a request reusing one is refused.
@@ -283,6 +287,26 @@ class Peer:
             # Past the wait it stays queued; the limit bounds what piles up behind it.
             async with asyncio.timeout(NOTIFY_DRAIN_TIMEOUT):
                 await self._process.drain()
+
+    def listen(self, method: str, params: Any, on_end: Callable[[dict[str, Any]], None]) -> int:
+        """Open a request that stays open (a 2026-07-28 child's `subscriptions/listen`): no call and no deadline,
+        its notifications the owner's as any the child sends outside a call; its id. `on_end` hears the response
+        that ends it, if the child ends it (its own end, or a refusal); `unlisten` ends it from this side. Raises
+        ToolServerUnavailable as `notify` does."""
+        listen_id = self.new_id()
+        backlog = self._process.backlog()
+        if backlog > self._backlog_limit or self._stuck:
+            self._check_backlog(backlog, method)
+        self._write({"jsonrpc": "2.0", "id": listen_id, "method": method, "params": params}, False)
+        self._listens[listen_id] = on_end
+        return listen_id
+
+    def unlisten(self, listen_id: int) -> None:
+        """End a `listen` request: the child is told `notifications/cancelled`, as the spec ends one on stdio."""
+        if self._listens.pop(listen_id, None) is not None and self._process.alive:
+            with contextlib.suppress(ToolServerUnavailable):
+                self._write({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                             "params": {"requestId": listen_id, "reason": "no longer needed"}}, False)
 
     def new_id(self) -> int:
         """Reserve the gateway's next request id toward this child (also usable as a progress token)."""
@@ -490,6 +514,10 @@ class Peer:
         call_id = message.get("id")
         pending = self._pending.get(call_id) if isinstance(call_id, int) else None
         if pending is None or pending.future.done():
+            ended = self._listens.pop(call_id, None) if isinstance(call_id, int) else None
+            if ended is not None:
+                ended(message)
+                return
             logger.warning("server=%s pid=%d response with unknown id %.64r dropped", self.tag, self._process.pid,
                            call_id)
             return
@@ -620,6 +648,7 @@ class Peer:
         # each a reference cycle through this peer) are dropped, so the child's objects go by reference counting.
         self._on_notification = self._on_activity = None
         self._on_request = default_reply
+        self._listens.clear()
 
 
 class _Expired(Exception):

@@ -153,6 +153,8 @@ async def test_a_tool_the_child_runs_only_as_a_task_answers_every_kind_of_caller
     # Refused once without the extension; every call after that declared it at once.
     assert calls_of(rig, "kid", "must_task") == [False, True, True, True]
     assert any(entry["method"] == "tasks/get" for entry in rig.log("kid"))
+    # Its discovery says it tells of no changes: it is not asked to.
+    assert not any(entry["method"] == "subscriptions/listen" for entry in rig.log("kid"))
     outcomes = [r["status"] for r in rig.audit() if r.get("method") == "kid.must_task" and r["event"] == "outcome"]
     assert outcomes == ["ok", "ok", "ok"]
 
