@@ -296,6 +296,11 @@ class Asker:
         approval = state.data.get("a")
         return approval if isinstance(approval, str) else None
 
+    @property
+    def log_level(self) -> str | None:
+        """The level this request asked for (`io.modelcontextprotocol/logLevel`; none without it)."""
+        return self.envelope.log_level
+
     def tell(self, status: str) -> None:
         """A child task's status: the continuation's, shown by the gateway's task of the call (modern_tasks.py)."""
         if self.continuation is not None:

@@ -312,6 +312,11 @@ class RelayCaller:
         return {kind: value for kind in (SAMPLING, ELICITATION, ROOTS)
                 if isinstance(value := declared.get(kind), dict)}
 
+    @property
+    def log_level(self) -> str | None:
+        """The level the caller's session set (`logging/setLevel`; every level until it does)."""
+        return self.ctx.session.log_level if self.ctx.session is not None else None
+
     def tell(self, status: str) -> None:
         """Nothing to show: a legacy caller hears a child task's status as progress, if it asked for progress."""
 

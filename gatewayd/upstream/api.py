@@ -40,6 +40,12 @@ class Caller(Protocol):
         may answer with an input-required result (dialects.py). Read only for a modern child."""
         ...
 
+    @property
+    def log_level(self) -> str | None:
+        """The least severe log level the caller hears (None: no log lines): a modern child is told it per request,
+        and writes none without it."""
+        ...
+
     def tell(self, status: str) -> None:
         """How the call's work goes, as its tool server says (a modern child's task's `statusMessage`): a caller
         polling a task of the gateway's is shown it."""

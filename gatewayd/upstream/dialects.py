@@ -29,7 +29,7 @@ from gatewayd.errors import (
     ToolServerUnavailable,
     UpstreamError,
 )
-from gatewayd.modern import LISTEN, SUBSCRIPTION_ID_KEY, TASKS_EXTENSION
+from gatewayd.modern import LISTEN, LOG_LEVEL_KEY, SUBSCRIPTION_ID_KEY, TASKS_EXTENSION
 from gatewayd.surfaces import SUBSCRIBE, UNSUBSCRIBE
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
@@ -78,6 +78,9 @@ DEFAULT_TASK_POLL: Final = 0.5
 LISTEN_FLAGS: Final = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
                        "resourcesListChanged": "resources"}
 ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+# The log level a modern child is told for a caller with a stream and no level of its own (a direct call's SSE
+# answer carries every line).
+ALL_LOGS: Final = "debug"
 # The MCP list method of each kind of thing besides tools a server may offer (surfaces.py).
 SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/templates/list",
                  "prompts": "prompts/list"}
@@ -283,6 +286,11 @@ class McpDialect(Dialect):
             return params
         meta = params.get("_meta")
         params["_meta"] = {**(meta if isinstance(meta, dict) else {}), **self._envelope(self._asks(how, tasks))}
+        if how is not None and how.on_event is not None:
+            # It writes log lines only when asked for them, as the caller is.
+            level = how.caller.log_level if how.caller is not None else ALL_LOGS
+            if level is not None:
+                params["_meta"][LOG_LEVEL_KEY] = level
         if how is not None and how.resume:
             params.update({key: value for key, value in how.resume.items() if key in RESUME_KEYS})
         return params

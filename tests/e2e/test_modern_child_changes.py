@@ -5,6 +5,7 @@ The gateway opens one listen on the child: its tool list changing reaches a lega
 `tools/list` shows the new tool; a session's `resources/subscribe` of the child's resource (a method that era no
 longer has) joins the listen, and the resource's updates reach the session that holds it, without the child's
 subscription id; a modern caller's own `subscriptions/listen` gets them the same way; a new child is listened to again.
+The child is asked per request for the log lines its caller hears (that era writes none unasked).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any, Final
 import aiohttp
 import pytest
 import pytest_asyncio
+from mcp.client.session import IncomingMessage
+from mcp_types import LoggingMessageNotification
 
 from tests.daemon import REPO, Daemon, gatewayctl, python_command, write_config
-from tests.e2e.test_mcp_sdk import MODERN_VERSION, TEST_DEADLINE, bearer
+from tests.e2e.test_mcp_sdk import MODERN_VERSION, TEST_DEADLINE, bearer, sdk_client, sse_messages, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, request
 from tests.waiting import eventually
 
@@ -160,3 +163,31 @@ async def test_a_modern_callers_listen_hears_a_modern_childs_resource(rig: Rig) 
     assert updated["method"] == "notifications/resources/updated"
     # The caller's own subscription id, not the child's.
     assert updated["params"] == {"uri": ITEM, "_meta": {"io.modelcontextprotocol/subscriptionId": 7}}
+
+
+async def test_a_modern_child_is_asked_for_the_log_lines_its_caller_hears(rig: Rig) -> None:
+    said: list[Any] = []
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, LoggingMessageNotification):
+            said.append(message.params.data)
+
+    async with asyncio.timeout(TEST_DEADLINE):
+        # A legacy session hears every level until it sets one.
+        async with sdk_client(rig.daemon.url, bearer(rig.token), message_handler=on_message) as client:
+            assert text_of(await client.call_tool("watch__say", {"text": "hi"})) == "hi"
+        assert said == ["saying hi"]
+        # A modern caller hears what its request asks for, and nothing without asking.
+        for level, expected in (("info", ["saying hi"]), ("warning", []), (None, [])):
+            meta: dict[str, Any] = {"io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+                                    "io.modelcontextprotocol/clientCapabilities": {}}
+            if level is not None:
+                meta["io.modelcontextprotocol/logLevel"] = level
+            body = request("tools/call", {"name": "watch__say", "arguments": {"text": "hi"}}, meta)
+            async with aiohttp.ClientSession() as http, \
+                    http.post(rig.daemon.url, data=json.dumps(body),
+                              headers=headers(rig.token, "tools/call", "watch__say")) as response:
+                text = await response.text()
+            messages = sse_messages(text) if response.content_type == "text/event-stream" else [json.loads(text)]
+            assert [m["params"]["data"] for m in messages if m.get("method") == "notifications/message"] == expected
+            assert messages[-1]["result"]["content"][0]["text"] == "hi"
