@@ -69,7 +69,7 @@ ID_BYTES: Final = 18
 RESULT_TYPE: Final = "task"
 
 
-def _timestamp(seconds: float) -> str:
+def timestamp(seconds: float) -> str:
     """ISO 8601 in UTC, to the millisecond."""
     whole = int(seconds)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((seconds - whole) * 1000):03d}Z"
@@ -158,8 +158,8 @@ class Task:
     def view(self) -> dict[str, Any]:
         """The task as `tasks/get` answers it (a DetailedTask): its status and what goes with it."""
         status, detail = self._status()
-        view = {"taskId": self.id, "status": status, "createdAt": _timestamp(self.created),
-                "lastUpdatedAt": _timestamp(self.updated), "ttlMs": self.ttl_ms, "pollIntervalMs": POLL_INTERVAL_MS,
+        view = {"taskId": self.id, "status": status, "createdAt": timestamp(self.created),
+                "lastUpdatedAt": timestamp(self.updated), "ttlMs": self.ttl_ms, "pollIntervalMs": POLL_INTERVAL_MS,
                 **detail}
         note = None
         if status == "working":

@@ -31,9 +31,11 @@ from gatewayd.errors import (
 )
 from gatewayd.modern import LISTEN, LOG_LEVEL_KEY, SUBSCRIPTION_ID_KEY, TASKS_EXTENSION
 from gatewayd.surfaces import SUBSCRIBE, UNSUBSCRIBE
+from gatewayd.upstream import hosted
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.eras import Eras, Found
+from gatewayd.upstream.hosted import HostedTasks
 from gatewayd.upstream.peer import default_reply
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,10 @@ SURFACE_LISTS = {"resources": "resources/list", "resourceTemplates": "resources/
 RELAYED_CAPABILITIES: dict[str, Any] = {
     "sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {"listChanged": True},
 }
+# What a legacy child is told at `initialize` besides: it may send sampling and elicitation requests as tasks, which
+# the gateway hosts (hosted.py).
+HOSTED_TASKS: Final[dict[str, Any]] = {"requests": {"sampling": {"createMessage": {}}, "elicitation": {"create": {}}},
+                       "list": {}, "cancel": {}}
 # The requests a child may send its client that the relay takes.
 RELAYED_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
 # A plain JSON-RPC result's text for the model.
@@ -199,6 +205,8 @@ class McpDialect(Dialect):
         self._task_only: frozenset[str] = frozenset()
         # Its `tasks/cancel` requests for tasks of the gateway's own whose call ended first (owned here, each bounded).
         self._cancels: set[asyncio.Task[Any]] = set()
+        # The tasks this legacy child asked the gateway to host (hosted.py), made anew for each child.
+        self._hosted: HostedTasks | None = None
         # What this modern child's `server/discover` says it offers (its capabilities), and whether that includes the
         # tasks extension (it may make tasks of its own).
         self._offers: dict[str, Any] = {}
@@ -320,11 +328,12 @@ class McpDialect(Dialect):
                 "initialize",
                 {
                     "protocolVersion": UPSTREAM_PROTOCOL_VERSION,
-                    "capabilities": RELAYED_CAPABILITIES,
+                    "capabilities": {**RELAYED_CAPABILITIES, "tasks": HOSTED_TASKS},
                     "clientInfo": {"name": "gatewayd", "version": __version__},
                 },
                 timeout=timeout,
             )
+            self._hosted = HostedTasks(conn.reply)
             await conn.notify("notifications/initialized")
             tools = await self.list_tools(conn, tag)
         except UpstreamError as exc:
@@ -619,6 +628,8 @@ class McpDialect(Dialect):
         """Sampling, elicitation and roots go to the caller of the call they belong to (relay.py), when one can be
         told; refused otherwise."""
         method = message.get("method")
+        if method in hosted.METHODS and self._hosted is not None:
+            return self._hosted.answer(message)  # about a request the gateway runs as a task for it
         if method not in RELAYED_METHODS or conn is None:
             return default_reply(message)
         if method == "roots/list":
@@ -630,15 +641,25 @@ class McpDialect(Dialect):
         if caller is None and self.owner is not None:
             # A per-session child asking outside a call its client can be asked in (at start-up, after a roots
             # change, during the gateway's own listing): its session's client is asked, on the session's stream.
-            return self.owner.ask(self.name, self.config.relay, message, None, conn.reply)
+            owner = self.owner
+            return self._asked(message, lambda plain, reply: owner.ask(self.name, self.config.relay, plain, None,
+                                                                       reply), conn)
         if pending is None or caller is None:
             why = "belongs to no call of a client that can be asked" if pending is not None else \
                 "cannot be told apart from the other calls in flight, or none is"
             logger.info("server=%s %s refused: it %s", self.name, method, why)
             return {"jsonrpc": "2.0", "id": message.get("id"),
                     "error": {"code": -32601, "message": f"{method}: not relayed, it {why}"}}
-        reply: dict[str, Any] | None = caller.ask(self.name, self.config.relay, message, pending.future, conn.reply)
-        return reply
+        call = pending.future
+        return self._asked(message, lambda plain, reply: caller.ask(self.name, self.config.relay, plain, call, reply),
+                           conn)
+
+    def _asked(self, message: dict[str, Any], ask: hosted.Ask, conn: Connection) -> dict[str, Any] | None:
+        """Put the child's request to its caller (`ask`): as a task the gateway hosts when the child sent it as one,
+        else as it is."""
+        if self._hosted is not None and hosted.augmented(message):
+            return self._hosted.take(message, ask)
+        return ask(message, conn.reply)
 
     offers_surfaces = True
 

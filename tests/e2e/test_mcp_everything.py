@@ -6,11 +6,10 @@ resources and prompts are listed and fetched; its task tool runs as a task.
 server-everything registers its sampling, elicitation, roots and task tools only for a client that declared those
 capabilities (`registerConditionalTools`), judged on the gateway's own `initialize` (RELAYED_CAPABILITIES). Its
 `*-async` tools need a client that runs sampling/elicitation *as tasks* (`tasks.requests` in its capabilities): the
-SDK (`mcp` 2.3.0) cannot — its `ClientSession._build_capabilities` never declares `tasks` and its method tables
-say "tasks/* deliberately absent" — so server-everything does not list them to that client directly, and the gateway,
-which does not declare client-side tasks to children either, does not list them
-(`test_the_tools_listed_are_those_it_lists_to_the_sdk_directly`). The SDK has no task API either: the task is driven
-with the SDK session's typed `send_request` and the spec's task request models.
+SDK (`mcp` 2.3.0) cannot — its `ClientSession._build_capabilities` never declares `tasks` — so server-everything does
+not list them to that client directly; the gateway declares them and hosts those tasks itself
+(gatewayd/upstream/hosted.py), so through it they are listed and work with that same client. The SDK has no task
+API: the research task is driven with the SDK session's typed `send_request` and the spec's task request models.
 
 Needs Node 22 (`make conformance-suite`) and the server (`make mcp-servers`); without them the test is skipped,
 unless GATEWAYD_REQUIRE_CONFORMANCE=1 (CI), which makes that a failure.
@@ -72,6 +71,8 @@ ROOT: Final = Root(uri="file:///work/project", name="project")
 # What the fake user answers server-everything's elicitation form with (its required fields and then some).
 FORM: Final[dict[str, Any]] = {"name": "Ada", "check": True, "email": "ada@example.com", "integer": 7}
 UNCOMPRESSED: Final = b"hello from the gateway\n" * 20
+# Its tools that send sampling and elicitation as tasks of the client's, listed to a client that hosts them.
+ASYNC: Final = ("trigger-sampling-request-async", "trigger-elicitation-request-async")
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -143,11 +144,11 @@ async def test_the_tools_listed_are_those_it_lists_to_the_sdk_directly(daemon: t
         own = {tool.name: tool for tool in (await sdk.list_tools()).tools}
     async with client(daemon) as sdk:
         listed = {tool.name: tool for tool in (await sdk.list_tools()).tools}
-    assert set(listed) == {PREFIX + name for name in own}
-    # The conditional tools are there: the gateway declared to the child what it relays.
+    # The conditional tools are there: the gateway declared to the child what it relays, and that it hosts the
+    # sampling and elicitation it relays as tasks, which the SDK does not declare: those two `*-async` tools more.
+    assert set(listed) == {PREFIX + name for name in [*own, *ASYNC]}
     assert {"get-roots-list", "trigger-sampling-request", "trigger-elicitation-request", "trigger-url-elicitation",
             "simulate-research-query"} <= set(own)
-    # Client-side tasks are declared by neither the SDK nor the gateway: no `*-async` tool either way.
     assert not any(name.endswith("-async") for name in own)
     for name, tool in own.items():
         assert listed[PREFIX + name].input_schema == tool.input_schema
@@ -235,6 +236,35 @@ async def test_sampling_is_put_to_the_caller(daemon: tuple[Daemon, str]) -> None
     prompt = asked.messages[0].content.text
     assert prompt.endswith("a haiku") and asked.max_tokens == 20
     assert f"sampled: {prompt}" in texts(result)[0]
+
+
+async def test_sampling_it_sends_as_a_task_is_hosted_by_the_gateway_and_put_to_the_caller(
+    daemon: tuple[Daemon, str],
+) -> None:
+    user = User()
+    async with client(daemon, user) as sdk:
+        result = await sdk.call_tool(PREFIX + "trigger-sampling-request-async", {"prompt": "a limerick",
+                                                                                 "maxTokens": 30})
+    [asked] = user.sampled
+    prompt = asked.messages[0].content.text
+    assert prompt.endswith("a limerick") and asked.max_tokens == 30
+    answer = texts(result)[0]
+    # The child polled the gateway's task until it completed, then read its result.
+    assert answer.startswith("[COMPLETED] Async sampling completed!"), answer
+    assert "Task created: gwh-" in answer and f"sampled: {prompt}" in answer
+
+
+async def test_elicitation_it_sends_as_a_task_is_hosted_by_the_gateway_and_put_to_the_caller(
+    daemon: tuple[Daemon, str],
+) -> None:
+    user = User()
+    async with client(daemon, user) as sdk:
+        result = await sdk.call_tool(PREFIX + "trigger-elicitation-request-async", {})
+    [asked] = user.elicited
+    assert asked.requested_schema["properties"]
+    answer = "\n".join(texts(result))
+    assert answer.startswith("[COMPLETED] User provided the requested information!\nUser inputs:\n- Name: Ada"), answer
+    assert "Task created: gwh-" in answer
 
 
 async def test_a_form_elicitation_is_put_to_the_caller(daemon: tuple[Daemon, str]) -> None:
