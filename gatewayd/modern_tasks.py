@@ -61,7 +61,7 @@ POLL_INTERVAL_MS: Final = 500
 # Tasks kept for one client, and in all: each may hold its call's result until its ttl.
 MAX_TASKS_PER_CLIENT: Final = 64
 MAX_TASKS: Final = 4096
-# Rounds of questions a modern tool server may answer a task's call with (as dialects.MAX_INPUT_ROUNDS).
+# Rounds of questions a modern tool server may answer a task's call with (as child_tasks.MAX_INPUT_ROUNDS).
 MAX_ROUNDS: Final = 8
 # Random bytes of a task id: the id is the only thing naming a task in a request, so it must not be guessed.
 ID_BYTES: Final = 18

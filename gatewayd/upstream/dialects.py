@@ -15,12 +15,9 @@ import asyncio
 import logging
 from typing import Any, ClassVar, Final
 
-from gatewayd import __version__, jsontext, relay
+from gatewayd import __version__, jsontext
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
     MISSING_CLIENT_CAPABILITY,
     CallTimedOut,
     GatewayError,
@@ -29,13 +26,15 @@ from gatewayd.errors import (
     ToolServerUnavailable,
     UpstreamError,
 )
-from gatewayd.modern import LISTEN, LOG_LEVEL_KEY, SUBSCRIPTION_ID_KEY, TASKS_EXTENSION
+from gatewayd.modern import LOG_LEVEL_KEY, TASKS_EXTENSION
 from gatewayd.surfaces import SUBSCRIBE, UNSUBSCRIBE
-from gatewayd.upstream import hosted
+from gatewayd.upstream import child_tasks, hosted
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
+from gatewayd.upstream.child_tasks import MAX_INPUT_ROUNDS, TaskDriver
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.eras import Eras, Found
 from gatewayd.upstream.hosted import HostedTasks
+from gatewayd.upstream.listening import Listening
 from gatewayd.upstream.peer import default_reply
 
 logger = logging.getLogger(__name__)
@@ -54,32 +53,12 @@ LEGACY: Found = "legacy"
 ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"
 ENVELOPE_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 ENVELOPE_CLIENT = "io.modelcontextprotocol/clientInfo"
-# A modern child's CreateTaskResult (`resultType`), and the statuses after which its task changes no more.
-CHILD_TASK: Final = "task"
-TERMINAL_TASK_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
 # The params a caller's retry of an input-required result carries to a modern child (SEP-2322).
 RESUME_KEYS = frozenset({"inputResponses", "requestState"})
 # A `tools/list` (or resources, templates, prompts list) that pages forever is cut off here.
 MAX_TOOL_PAGES = 100
-# Rounds of a modern child's input-required results put to a legacy caller in one call: a tool asks a person a
-# few things, not without end.
-MAX_INPUT_ROUNDS = 8
 # Seconds a child has to acknowledge `tasks/cancel` of a task the gateway made for a call that ended first.
 TASK_CANCEL_TIMEOUT: Final = 5.0
-# A modern child that advertises the tasks extension (TASKS_EXTENSION) may answer a call declaring it with a task of
-# its own, which the gateway drives to its end (`_child_task`). Seconds between polls of such a task: what the child
-# suggests (`pollIntervalMs`), within these bounds (a child suggesting minutes would hold its callers that long after
-# the work is done), DEFAULT_TASK_POLL when it suggests nothing.
-MIN_TASK_POLL: Final = 0.01
-MAX_TASK_POLL: Final = 2.0
-DEFAULT_TASK_POLL: Final = 0.5
-# What a modern child is asked to tell of on the gateway's `subscriptions/listen` (2026-07-28 has no unsolicited
-# notifications, nor `resources/subscribe`): each change of a list its `server/discover` says it tells of (the filter
-# flag, by the capability whose `listChanged` says so), and the resources sessions hold subscriptions to, if it says
-# `resources.subscribe`. Its acknowledgement is no news.
-LISTEN_FLAGS: Final = {"toolsListChanged": "tools", "promptsListChanged": "prompts",
-                       "resourcesListChanged": "resources"}
-ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
 # The log level a modern child is told for a caller with a stream and no level of its own (a direct call's SSE
 # answer carries every line).
 ALL_LOGS: Final = "debug"
@@ -189,7 +168,8 @@ class McpDialect(Dialect):
     """An MCP server over stdio, of either era (its tools.d `era`): probed with `server/discover` (once per config,
     eras.py), a modern child (2026-07-28) gets the `_meta` envelope on every request and its results' `resultType`
     read (an input-required result goes to the caller, its retry back; a task of its own is driven to its end,
-    `_child_task`); a legacy one gets `initialize`. Then `tools/list` (paged), every call a `tools/call`."""
+    child_tasks.py; its changes are heard on a listen, listening.py); a legacy one gets `initialize`. Then
+    `tools/list` (paged), every call a `tools/call`."""
 
     protocol = "mcp"
 
@@ -214,13 +194,10 @@ class McpDialect(Dialect):
         # Its tools that refused a call not declaring the extension (-32021): declared to them from then on, until the
         # child's tools are listed again.
         self._wants_tasks: set[str] = set()
-        # A modern child tells of changes on the gateway's one `subscriptions/listen` (`_listen`): the resources
-        # sessions hold subscriptions to at it (what `resources/subscribe` was), the open listen (its connection and
-        # id), the next one if it is to be opened again, and a connection whose child refused to listen.
-        self._uris: set[str] = set()
-        self._listening: tuple[Connection, int] | None = None
-        self._relisten: asyncio.Handle | None = None
-        self._deaf: Connection | None = None
+        # A modern child tells of changes on the gateway's one `subscriptions/listen` on it; its own tasks are driven
+        # to their end for the caller.
+        self._listening = Listening(name, lambda params: self._params(params, None))
+        self._tasks = TaskDriver(name, config.relay, lambda params, how: self._params(params, how, True), self._cancel)
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -318,10 +295,7 @@ class McpDialect(Dialect):
             tools = await self.list_tools(conn, tag)
             logger.info("server=%s pid=%d ready: protocol %s (stateless), %d tools", tag, conn.pid, MODERN_VERSION,
                         len({tool.method for tool in tools}))
-            # Its lists' changes from now on; the resources sessions hold are subscribed again once it is up
-            # (surfaces.py `child_up`), each joining this listen.
-            self._uris.clear()
-            self._listen(conn)
+            self._listening.start(conn, self._offers)
             return tools
         try:
             result = await conn.call(
@@ -374,7 +348,7 @@ class McpDialect(Dialect):
         """A tool call of a modern child. The tasks extension is declared to a child that advertises it for a tool
         whose tools.d `task` lets it run long, or that refused a call without it (-32021: sent again declaring it,
         and so from then on): its answer may be a task of its own, which the gateway drives to its end for the caller
-        (`_child_task`), whoever the caller is. Its input-required results are `_answered`'s."""
+        (child_tasks.py), whoever the caller is. Its input-required results are `_answered`'s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         tasks = self._makes_tasks and (tool in self._wants_tasks or self.config.task_mode(tool) != "never")
@@ -395,74 +369,9 @@ class McpDialect(Dialect):
                 on_event=how.on_event, request_id=call_id, cancel_on_timeout=True, caller=how.caller, large=how.large)
         result = await self._answered(conn, "tools/call", params, self._result(result),
                                       max(0.0, deadline - loop.time()), how, tasks)
-        if isinstance(result, dict) and result.get("resultType") == CHILD_TASK:
-            return await self._child_task(conn, result, deadline, how)
+        if isinstance(result, dict) and result.get("resultType") == child_tasks.CREATED:
+            return await self._tasks.drive(conn, result, deadline, how)
         return result
-
-    async def _child_task(self, conn: Connection, task: dict[str, Any], deadline: float, how: Delivery) -> Any:
-        """Drive a modern child's task (its CreateTaskResult `task`) to its end within the call's deadline: poll
-        `tasks/get` as often as the child suggests (MIN_TASK_POLL…MAX_TASK_POLL); put the questions it lists while
-        `input_required` to the caller (relay.put: each key once, as the extension asks; at most MAX_INPUT_ROUNDS
-        rounds) and send the answers with `tasks/update`; answer as the call would have: `completed` its result,
-        `failed` its JSON-RPC error, `cancelled` (by the child) a tool failure saying so; a caller who asked for
-        progress hears each new `statusMessage` as a step of it. The call ending first — its deadline, its caller
-        going away, an error — cancels the child's task (`tasks/cancel`)."""
-        loop = asyncio.get_running_loop()
-        task_id = task.get("taskId")
-        if not isinstance(task_id, str) or not task_id:
-            raise UpstreamError({"code": INTERNAL_ERROR,
-                                 "message": f"tool server {self.name!r} answered with a task without a taskId"})
-        answered: set[str] = set()
-        rounds = 0
-        said: tuple[str, int] | None = None
-        try:
-            while True:
-                said = _tell_status(task, said, how)
-                status = task.get("status")
-                if status == "completed":
-                    return _task_result(self.name, task)
-                if status == "failed":
-                    error = task.get("error")
-                    raise UpstreamError(error if isinstance(error, dict) else
-                                        {"code": INTERNAL_ERROR, "message": f"tool server {self.name!r}'s task failed"})
-                if status == "cancelled":
-                    return _tool_error(f"tool server {self.name!r} cancelled the task")
-                asked = task.get("inputRequests") if status == "input_required" else None
-                fresh = {key: request for key, request in asked.items() if key not in answered} \
-                    if isinstance(asked, dict) else {}
-                if fresh:
-                    rounds += 1
-                    if rounds > MAX_INPUT_ROUNDS:
-                        raise UpstreamError({"code": INTERNAL_ERROR, "message": f"tool server {self.name!r} asked "
-                                             f"for input more than {MAX_INPUT_ROUNDS} times in one task"})
-                    answers = await self._put(fresh, deadline, how)
-                    answered.update(fresh)
-                    update = {"taskId": task_id, "inputResponses": answers}
-                    await conn.call("tasks/update", self._params(update, how, True),
-                                    timeout=max(0.0, deadline - loop.time()), caller=how.caller)
-                else:
-                    await asyncio.sleep(min(_poll_seconds(task), max(0.0, deadline - loop.time())))
-                if loop.time() >= deadline:
-                    raise CallTimedOut(f"tool server {self.name!r} did not finish its task in time",
-                                       {"server": self.name})
-                got = await conn.call("tasks/get", self._params({"taskId": task_id}, how, True),
-                                      timeout=max(0.0, deadline - loop.time()), caller=how.caller)
-                task = got if isinstance(got, dict) else {}
-        except BaseException:
-            if conn.alive and task.get("status") not in TERMINAL_TASK_STATUSES:
-                self._cancel(conn, task_id)
-            raise
-
-    async def _put(self, requests: dict[str, Any], deadline: float, how: Delivery) -> dict[str, Any]:
-        """A child task's questions put to the call's caller (relay.put), answered within the call's deadline."""
-        if how.caller is None:
-            raise InputNotRelayed(self.name, requests)
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await relay.put(how.caller, self.name, self.config.relay, requests)
-        except TimeoutError:
-            raise CallTimedOut(f"tool server {self.name!r} did not finish its task in time",
-                               {"server": self.name}) from None
 
     async def _through_task(self, conn: Connection, params: dict[str, Any], call_id: int, timeout: float,
                             how: Delivery) -> Any:
@@ -538,81 +447,8 @@ class McpDialect(Dialect):
         return result
 
     def on_notification(self, message: dict[str, Any]) -> bool:
-        """A modern child's notifications come on the gateway's listen, marked with its id (nothing the gateway's
-        callers know: taken off); its acknowledgement is taken here."""
-        if not self.modern:
-            return False
-        params = message.get("params")
-        if isinstance(params, dict) and isinstance(meta := params.get("_meta"), dict) and SUBSCRIPTION_ID_KEY in meta:
-            rest = {key: value for key, value in meta.items() if key != SUBSCRIPTION_ID_KEY}
-            if rest:
-                params["_meta"] = rest
-            else:
-                del params["_meta"]
-        return message.get("method") == ACKNOWLEDGED
-
-    def _listen(self, conn: Connection) -> None:
-        """Open the child's `subscriptions/listen` for what the gateway wants told now, then end the one it replaces
-        (opened first, so that no change falls between the two). A child that refused once is not asked again."""
-        self._relisten = None
-        if not conn.alive or self._deaf is conn:
-            return
-        notifications: dict[str, Any] = {flag: True for flag, kind in LISTEN_FLAGS.items()
-                                         if self._says(kind, "listChanged")}
-        if self._uris:
-            notifications["resourceSubscriptions"] = sorted(self._uris)
-        old = self._listening
-        if not notifications:
-            # Nothing it tells of is wanted now: the open listen, if any, ends.
-            self._listening = None
-            if old is not None and old[0] is conn:
-                conn.unlisten(old[1])
-            return
-        try:
-            listen_id = conn.listen(LISTEN, self._params({"notifications": notifications}, None),
-                                    lambda answer: self._listen_ended(conn, answer))
-        except ToolServerUnavailable as exc:
-            logger.info("server=%s %s not sent: %s", self.name, LISTEN, exc.message)
-            return
-        logger.info("server=%s pid=%d listening for changes of its lists and of %d resources", self.name, conn.pid,
-                    len(self._uris))
-        self._listening = conn, listen_id
-        if old is not None and old[0] is conn:
-            conn.unlisten(old[1])
-
-    def _says(self, kind: str, feature: str) -> bool:
-        """Whether the child's `server/discover` capabilities say `kind.feature` (`tools.listChanged`, …)."""
-        offered = self._offers.get(kind)
-        return isinstance(offered, dict) and offered.get(feature) is True
-
-    def _listen_ended(self, conn: Connection, answer: dict[str, Any]) -> None:
-        """The child ended a listen of the gateway's: refused it (not asked again on this child), or ended it."""
-        if self._listening == (conn, answer.get("id")):
-            self._listening = None
-        if "error" in answer:
-            self._deaf = conn
-            logger.warning("server=%s refused %s (%.200s): changes of its tools, prompts and resources are not "
-                           "heard", self.name, LISTEN, answer.get("error"))
-        else:
-            logger.info("server=%s ended the gateway's %s", self.name, LISTEN)
-
-    def _subscription(self, conn: Connection, method: str, params: Any) -> dict[str, Any]:
-        """`resources/subscribe` or `unsubscribe` of a modern child, which has neither: the URI joins or leaves the
-        gateway's listen, opened again with it (once for all the changes of one loop turn)."""
-        uri = params.get("uri") if isinstance(params, dict) else None
-        if not isinstance(uri, str):
-            raise UpstreamError({"code": INVALID_PARAMS, "message": "params.uri must be a string"})
-        if method == SUBSCRIBE and not self._says("resources", "subscribe"):
-            raise UpstreamError({"code": METHOD_NOT_FOUND,
-                                 "message": f"tool server {self.name!r} offers no resource subscriptions"})
-        held = len(self._uris)
-        if method == SUBSCRIBE:
-            self._uris.add(uri)
-        else:
-            self._uris.discard(uri)
-        if len(self._uris) != held and self._relisten is None:
-            self._relisten = asyncio.get_running_loop().call_soon(self._listen, conn)
-        return {}
+        """A modern child's notifications come on the gateway's listen (listening.py)."""
+        return self.modern and self._listening.taken(message)
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         # A direct `server.tool` call of an MCP server is its tool call; on this route a tool's failure is an error.
@@ -689,7 +525,7 @@ class McpDialect(Dialect):
 
     async def call_surface(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
         if self.modern and method in (SUBSCRIBE, UNSUBSCRIBE):
-            return self._subscription(conn, method, params)
+            return self._listening.subscription(conn, method, params)
         call_id = conn.new_id()
         sent: dict[str, Any] = dict(params) if isinstance(params, dict) else {}
         meta = _meta(how, call_id)
@@ -777,42 +613,6 @@ def _needs_tasks(error: dict[str, Any]) -> bool:
     extensions = required.get("extensions") if isinstance(required, dict) else None
     return error.get("code") == MISSING_CLIENT_CAPABILITY and isinstance(extensions, dict) \
         and TASKS_EXTENSION in extensions
-
-
-def _poll_seconds(task: dict[str, Any]) -> float:
-    """Seconds until a child's task is polled again: its suggestion, within bounds."""
-    suggested = task.get("pollIntervalMs")
-    if not isinstance(suggested, int | float) or isinstance(suggested, bool):
-        return DEFAULT_TASK_POLL
-    return min(MAX_TASK_POLL, max(MIN_TASK_POLL, suggested / 1000))
-
-
-def _tell_status(task: dict[str, Any], said: tuple[str, int] | None, how: Delivery) -> tuple[str, int] | None:
-    """Tell the caller the child task's `statusMessage` when it changed (a task of the gateway's shows it), and a
-    caller who asked for progress as a step of progress; the message said last and its step."""
-    message = task.get("statusMessage")
-    if not isinstance(message, str) or (said is not None and said[0] == message):
-        return said
-    step = said[1] + 1 if said is not None else 1
-    if how.caller is not None:
-        how.caller.tell(message)
-    if how.progress and how.on_event is not None:
-        how.on_event({"jsonrpc": "2.0", "method": "notifications/progress",
-                      "params": {"progressToken": None, "progress": step, "message": message}})
-    return message, step
-
-
-def _task_result(server: str, task: dict[str, Any]) -> dict[str, Any]:
-    """A completed child task's result, as the call's own (its `resultType` is the call's, not the task's)."""
-    result = task.get("result")
-    if not isinstance(result, dict):
-        raise UpstreamError({"code": INTERNAL_ERROR,
-                             "message": f"tool server {server!r} completed its task without a result"})
-    return {key: value for key, value in result.items() if key != "resultType"}
-
-
-def _tool_error(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def _valid_tool(item: Any) -> bool:

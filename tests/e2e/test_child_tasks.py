@@ -33,7 +33,7 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from gatewayd.errors import INTERNAL_ERROR
 from gatewayd.modern import TASKS_EXTENSION
-from gatewayd.upstream.dialects import MAX_INPUT_ROUNDS
+from gatewayd.upstream.child_tasks import MAX_INPUT_ROUNDS
 from tests.daemon import REPO, Daemon, python_command, rpc, write_config
 from tests.e2e.test_mcp_sdk import MODERN_VERSION, SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, post, request

@@ -1,4 +1,4 @@
-"""How often the gateway polls a 2026-07-28 child's own task (gatewayd/upstream/dialects.py `_poll_seconds`): as the
+"""How often the gateway polls a 2026-07-28 child's own task (gatewayd/upstream/child_tasks.py `_poll_seconds`): as the
 child suggests, never faster than MIN_TASK_POLL (a child suggesting 0 must not make it spin) nor slower than
 MAX_TASK_POLL (a child suggesting minutes must not hold its callers that long), DEFAULT_TASK_POLL without a usable
 suggestion."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gatewayd.upstream.dialects import DEFAULT_TASK_POLL, MAX_TASK_POLL, MIN_TASK_POLL, _poll_seconds
+from gatewayd.upstream.child_tasks import DEFAULT_TASK_POLL, MAX_TASK_POLL, MIN_TASK_POLL, _poll_seconds
 
 
 @pytest.mark.parametrize("suggested, seconds", [
