@@ -52,6 +52,10 @@ ID_BYTES: Final = 16
 # retry's stream, the oldest dropped past this many (a child reporting while its caller thinks must not grow memory
 # without bound; the newest progress says the most).
 MAX_HELD_EVENTS: Final = 256
+# The progress token a call that may become a task is sent with when its caller gave none: its tool server's progress
+# then says how the task goes (`statusMessage`), and reaches no stream.
+STATUS_TOKEN: Final = "io.gatewayd/status"
+PROGRESS: Final = "notifications/progress"
 
 # Whether the caller declared it can answer a question of a kind (relay.KINDS), given the question's params.
 Declares = Callable[[str, Any], bool]
@@ -105,13 +109,23 @@ class Continuation:
         self.on_change: Callable[[], None] | None = None
         # Why the call was abandoned, once it was: (outcome, reason).
         self.abandoned: tuple[str, str] | None = None
-        # How the call's work goes, as its tool server said last (a modern child's task's `statusMessage`).
+        # How the call's work goes, as its tool server said last (a modern child's task's `statusMessage`, a progress
+        # notification's message).
         self.status: str | None = None
         self.task: asyncio.Task[dict[str, Any]] = asyncio.ensure_future(call)
         self.task.add_done_callback(self._ended)
 
     def emit(self, message: dict[str, Any]) -> None:
-        """The call's event sink: the current request's stream; held for the next one while parked."""
+        """The call's event sink: the current request's stream; held for the next one while parked. A progress
+        message is also how the call's work goes (`status`); one under STATUS_TOKEN is that only (the gateway asked
+        for it, the caller did not: web/modern.py)."""
+        if message.get("method") == PROGRESS:
+            params = message.get("params")
+            if isinstance(params, dict):
+                if isinstance(said := params.get("message"), str):
+                    self.tell(said)
+                if params.get("progressToken") == STATUS_TOKEN:
+                    return
         if self.sink is not None:
             self.sink(message)
             return

@@ -12,7 +12,7 @@ from typing import Any, Final
 import pytest
 
 from gatewayd import relay
-from gatewayd.continuations import MAX_HELD_EVENTS, Continuations
+from gatewayd.continuations import MAX_HELD_EVENTS, STATUS_TOKEN, Continuations
 from gatewayd.errors import Overloaded, RequestCancelled
 
 ASK: Final = {"jsonrpc": "2.0", "id": "ask-1", "method": "sampling/createMessage",
@@ -131,3 +131,27 @@ async def test_events_of_a_parked_call_are_held_for_the_retrys_stream_in_order_t
     continuation.abandon("test", "done")
     with pytest.raises(asyncio.CancelledError):
         await continuation.task
+
+
+async def test_progress_says_how_the_call_goes_and_the_gateways_own_reaches_no_stream() -> None:
+    registry = Continuations(timeout=60)
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    changes: list[str | None] = []
+    continuation.on_change = lambda: changes.append(continuation.status)
+    streamed: list[dict[str, Any]] = []
+    continuation.attach(streamed.append)
+
+    def progress(token: str, message: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": token, "progress": 1, "message": message}}
+
+    # Asked for by the gateway only (the caller gave no token): the status, and nothing on the stream.
+    continuation.emit(progress(STATUS_TOKEN, "1/3"))
+    continuation.emit(progress(STATUS_TOKEN, "1/3"))  # the same again is no change
+    assert continuation.status == "1/3" and streamed == [] and changes == ["1/3"]
+    # The caller's own token: its stream hears it, and the status follows.
+    continuation.emit(progress("mine", "2/3"))
+    assert continuation.status == "2/3" and [m["params"]["message"] for m in streamed] == ["2/3"]
+    release.set_result({"result": "done"})
+    assert await continuation.wait() == {"result": "done"}

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from gatewayd import __version__, jsonrpc, jsontext, modern, modern_tasks, request_state
 from gatewayd.calls import CallContext, Emit
-from gatewayd.continuations import Continuation
+from gatewayd.continuations import STATUS_TOKEN, Continuation
 from gatewayd.errors import (
     GatewayError,
     HeaderMismatch,
@@ -353,6 +353,8 @@ async def _run(state: DaemonState, ctx: CallContext, message: jsonrpc.Request,
         asker = _askable(ctx, message, tasking)
         if asker is None:
             return await state.gateway.dispatch(ctx, message)
+        if tasking:
+            message = _with_status(message)
         # The call outlives this request: its events go where the current request says, its end is the
         # continuation's (this request's caller going away abandons it, `Continuation.wait`).
         continuation = _start(state, ctx, message, asker)
@@ -404,6 +406,16 @@ def _ask_again(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, a
     continuation = _start(state, ctx, message, modern.Asker(ctx.asker.envelope, retry))
     continuation.attach(_nowhere)
     return continuation
+
+
+def _with_status(message: jsonrpc.Request) -> jsonrpc.Request:
+    """A call that may become a task, sent with a progress token of the gateway's if its caller gave none: what its
+    tool server reports is then the task's `statusMessage` (continuations.py STATUS_TOKEN)."""
+    params = message.params
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(params, dict) or not isinstance(meta, dict) or "progressToken" in meta:
+        return message
+    return dataclasses.replace(message, params={**params, "_meta": {**meta, "progressToken": STATUS_TOKEN}})
 
 
 def _start(state: DaemonState, ctx: CallContext, message: jsonrpc.Request, asker: modern.Asker) -> Continuation:

@@ -139,13 +139,18 @@ async def test_the_shipped_countdown_is_a_task_a_2026_caller_polls(shipped: tupl
         assert isinstance(result, dict), answer
         return result
 
-    created = await ask("tools/call", {"name": "clock__countdown", "arguments": {"seconds": 1}}, "clock__countdown")
+    created = await ask("tools/call", {"name": "clock__countdown", "arguments": {"seconds": 2}}, "clock__countdown")
     assert created["resultType"] == "task"
     task_id = str(created["taskId"])
+    said: list[object] = []
     async with asyncio.timeout(15):
         while True:  # polled, as a caller of a task does
             seen = await ask("tasks/get", {"taskId": task_id}, task_id)
             if seen["status"] != "working":
                 break
+            if "statusMessage" in seen and seen["statusMessage"] not in said:
+                said.append(seen["statusMessage"])
             await asyncio.sleep(0.05)
     assert seen["status"] == "completed", seen
+    # While it worked, the task said how far it was, as the countdown reports it (its caller asked for no progress).
+    assert said and set(said) <= {"1/2", "2/2"}, said
