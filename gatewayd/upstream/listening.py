@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 FLAGS: Final = {"toolsListChanged": "tools", "promptsListChanged": "prompts", "resourcesListChanged": "resources"}
 # A listen's acknowledgement: no news.
 ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+# Seconds before a listen the child ended itself (without exiting) is opened again: doubling from the first to the
+# last while the child keeps ending it, back to the first with a new child.
+REOPEN_FIRST: Final = 1.0
+REOPEN_LAST: Final = 60.0
 
 
 class Listening:
@@ -42,14 +46,16 @@ class Listening:
         self._offers: dict[str, Any] = {}
         self._uris: set[str] = set()
         self._open: tuple[Connection, int] | None = None
-        self._again: asyncio.Handle | None = None
+        self._again: asyncio.Handle | asyncio.TimerHandle | None = None
         self._deaf: Connection | None = None
+        self._reopen = REOPEN_FIRST
 
     def start(self, conn: Connection, offers: dict[str, Any]) -> None:
         """A new child is up: listen to it for what it offers. The resources sessions hold are subscribed again once
         it is (surfaces.py `child_up`), each joining this listen."""
         self._offers = offers
         self._uris.clear()
+        self._reopen = REOPEN_FIRST
         self._listen(conn)
 
     def says(self, kind: str, feature: str) -> bool:
@@ -111,12 +117,19 @@ class Listening:
             conn.unlisten(old[1])
 
     def _ended(self, conn: Connection, answer: dict[str, Any]) -> None:
-        """The child ended a listen: refused it (not asked again on this child), or ended it itself."""
-        if self._open == (conn, answer.get("id")):
+        """The child ended a listen: refused it (not asked again on this child), or ended it itself (the open one
+        is opened again after REOPEN_FIRST…REOPEN_LAST seconds)."""
+        current = self._open == (conn, answer.get("id"))
+        if current:
             self._open = None
         if "error" in answer:
             self._deaf = conn
             logger.warning("server=%s refused %s (%.200s): changes of its tools, prompts and resources are not "
                            "heard", self.name, LISTEN, answer.get("error"))
-        else:
-            logger.info("server=%s ended the gateway's %s", self.name, LISTEN)
+            return
+        if not current:
+            return  # one it replaced already
+        logger.info("server=%s ended the gateway's %s; opened again in %gs", self.name, LISTEN, self._reopen)
+        if self._again is None:
+            self._again = asyncio.get_running_loop().call_later(self._reopen, self._listen, conn)
+            self._reopen = min(self._reopen * 2, REOPEN_LAST)

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 CHILD: Final = REPO / "tests" / "fixtures" / "childtasks.py"
 WITH: Final[dict[str, Any]] = {"elicitation": {}, "extensions": {TASKS_EXTENSION: {}}}
 WITHOUT: Final[dict[str, Any]] = {"elicitation": {}}
-ROLES: Final = '[roles.user]\nallow = ["kid.*", "brief.*", "plain.*", "sloth.*"]\n'
+ROLES: Final = '[roles.user]\nallow = ["kid.*", "brief.*", "plain.*", "sloth.*", "talk.*"]\n'
 # How often a test polls a task, and for how long at most.
 POLL_S: Final = 0.05
 POLL_DEADLINE: Final = 15.0
@@ -109,6 +109,8 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     servers = {"kid": child(root, "kid", extra=optional),
                "brief": child(root, "brief", extra='[methods.forever]\ntimeout = "1s"\n'),
                "plain": child(root, "plain", "--no-extension", extra=optional),
+               # Tells of tool list changes on a listen it may end itself.
+               "talk": child(root, "talk", "--listens"),
                # Suggests polling every ten minutes; its calls give up after 10 s.
                "sloth": child(root, "sloth", "--poll-ms", "600000", extra='call_timeout = "10s"\n')}
     tokens = write_config(root, servers, roles=ROLES, clients={"user": ["user"]})
@@ -284,3 +286,16 @@ async def test_a_child_suggesting_a_long_poll_interval_is_polled_within_the_boun
     async with asyncio.timeout(TEST_DEADLINE):
         result = (await rig.tool("sloth__must_task", {"seconds": 0.1}, WITHOUT))["result"]
     assert result["resultType"] == "complete" and text(result).startswith("worked 0.1s as child-task-")
+
+
+async def test_a_listen_the_child_ends_itself_is_opened_again(rig: Rig) -> None:
+    def listens() -> int:
+        return sum(entry["method"] == "subscriptions/listen" for entry in rig.log("talk"))
+
+    async with asyncio.timeout(TEST_DEADLINE):
+        assert text((await rig.direct("talk.quick", {"text": "hi"}))["result"]) == "quick: hi"  # starts it
+        await eventually(lambda: listens() == 1, what="the first listen")
+        ended = await rig.direct("talk.end_listens", {})
+        assert text(ended["result"]) == "ended 1"
+        # Opened again (after REOPEN_FIRST), not left ended until the child restarts.
+        await eventually(lambda: listens() == 2, what="the listen opened again")
