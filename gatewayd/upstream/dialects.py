@@ -290,6 +290,8 @@ class McpDialect(Dialect):
     async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
         timeout = self.config.startup_timeout
         self.modern = await self._speaks_modern(conn, tag)
+        # Its hosted tasks are this child's alone: a legacy child gets a table of its own below, a modern one none.
+        self._hosted = None
         self._spoken = True
         if self.modern:
             tools = await self.list_tools(conn, tag)

@@ -279,10 +279,7 @@ class Peer:
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
-        backlog = self._process.backlog()
-        if backlog > self._backlog_limit or self._stuck:
-            self._check_backlog(backlog, method)
-        self._write(message, large)
+        self._send(message, method, large)
         with contextlib.suppress(TimeoutError):
             # Past the wait it stays queued; the limit bounds what piles up behind it.
             async with asyncio.timeout(NOTIFY_DRAIN_TIMEOUT):
@@ -294,10 +291,7 @@ class Peer:
         that ends it, if the child ends it (its own end, or a refusal); `unlisten` ends it from this side. Raises
         ToolServerUnavailable as `notify` does."""
         listen_id = self.new_id()
-        backlog = self._process.backlog()
-        if backlog > self._backlog_limit or self._stuck:
-            self._check_backlog(backlog, method)
-        self._write({"jsonrpc": "2.0", "id": listen_id, "method": method, "params": params}, False)
+        self._send({"jsonrpc": "2.0", "id": listen_id, "method": method, "params": params}, method, False)
         self._listens[listen_id] = on_end
         return listen_id
 
@@ -307,6 +301,14 @@ class Peer:
             with contextlib.suppress(ToolServerUnavailable):
                 self._write({"jsonrpc": "2.0", "method": "notifications/cancelled",
                              "params": {"requestId": listen_id, "reason": "no longer needed"}}, False)
+
+    def _send(self, message: dict[str, Any], method: str, large: bool) -> None:
+        """Write a message that waits for no answer, unless the child is over its stdin backlog limit (refused:
+        ToolServerUnavailable). `call` makes the same check inline, being on every call's path."""
+        backlog = self._process.backlog()
+        if backlog > self._backlog_limit or self._stuck:
+            self._check_backlog(backlog, method)
+        self._write(message, large)
 
     def new_id(self) -> int:
         """Reserve the gateway's next request id toward this child (also usable as a progress token)."""
