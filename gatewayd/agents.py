@@ -14,8 +14,9 @@ like any call. Then:
   - a file read or write: done by the gateway itself, bounded by MAX_FILE_BYTES, on an absolute path;
     denied → the agent gets the same error as for a method that does not exist;
   - a terminal (tools.d `terminals = true`): `SERVER.terminal/create` decided with its command, args, cwd
-    and env as arguments (a person confirms it where the policy says), then run by terminals.py until the
-    turn ends; its output, exit, kill and release need no new decision.
+    and env as arguments (a person confirms it where the policy says), then run by terminals.py in the set
+    the agent's dialect hands over (the turn's, or its session's: upstream/acp.py); its output, exit, kill and
+    release need no new decision.
 
 Does not own the ACP wire (upstream/acp.py), the policy (policy.py) or asking the person (confirmation.py).
 """
@@ -35,6 +36,7 @@ from gatewayd.errors import (
     ConfirmationExpired,
     GatewayError,
     InvalidParams,
+    MethodNotFound,
     RequestCancelled,
 )
 from gatewayd.records import Records
@@ -69,10 +71,8 @@ class AgentHost:
         self._agents = agents
         self._call = call
         self._server = server
-        # Made at the turn's first terminal only: most turns have none.
-        self._terminals: Terminals | None = None
 
-    async def answer(self, server: str, message: dict[str, Any]) -> dict[str, Any]:
+    async def answer(self, server: str, message: dict[str, Any], terminals: Terminals | None) -> dict[str, Any]:
         method = str(message.get("method"))
         params = message.get("params") if isinstance(message.get("params"), dict) else {}
         assert isinstance(params, dict)
@@ -83,11 +83,12 @@ class AgentHost:
         try:
             if method == PERMISSION:
                 result = await self._permission(call, arguments)
-            elif method == TERMINAL:
-                result = await self._terminal(call, arguments)
             elif method.startswith("terminal/"):
-                # A terminal this turn made (its command was decided when it was): no new decision.
-                result = await (self._terminals or Terminals()).handle(method, arguments)
+                if terminals is None:
+                    raise MethodNotFound(f"{method}: no terminals are offered")
+                # A terminal made earlier had its command decided when it was made: no new decision.
+                result = await (self._terminal(call, arguments, terminals) if method == TERMINAL
+                                else terminals.handle(method, arguments))
             else:
                 result = await self._file(call, method, arguments)
         except GatewayError as exc:
@@ -111,11 +112,7 @@ class AgentHost:
         records.outcome(call, "allowed")
         return _choose(options, "allow")
 
-    async def close(self) -> None:
-        if self._terminals is not None:
-            await self._terminals.close()
-
-    async def _terminal(self, call: Call, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def _terminal(self, call: Call, arguments: dict[str, Any], terminals: Terminals) -> dict[str, Any]:
         """A command the agent wants run: decided (`SERVER.terminal/create`, its command, args, cwd and env), a
         person asked where the policy says, then started (terminals.py)."""
         records = self._agents.records
@@ -123,9 +120,7 @@ class AgentHost:
         try:
             if confirm is not None:
                 await self._agents.gate.confirm(call, confirm)
-            if self._terminals is None:
-                self._terminals = Terminals()
-            result = await self._terminals.create(arguments)
+            result = await terminals.create(arguments)
         except GatewayError as exc:
             records.outcome(call, exc.error_type, error_code=exc.code)
             raise

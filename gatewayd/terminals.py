@@ -1,11 +1,12 @@
-"""Terminals an ACP agent runs through the gateway during one turn (`terminal/*`), once its policy allowed them.
+"""Terminals an ACP agent runs through the gateway (`terminal/*`), once its policy allowed them.
 
-Owns the processes behind them: started without a shell, in a process group of their own, stdin closed,
+Owns the processes behind one set of terminals (a turn's, or an agent session's when tools.d says
+`terminal_lifetime = "session"`): started without a shell, in a process group of their own, stdin closed,
 stdout and stderr together into an output buffer kept to the last `outputByteLimit` bytes (at most
 MAX_OUTPUT_BYTES, cut at a character boundary, as ACP asks); their exit status; killing a group; and
-ending them all when the turn ends (no terminal outlives the turn that made it). At most MAX_TERMINALS a turn.
+ending them all at once (`close`: the turn's end, or the session's agent gone). At most MAX_TERMINALS a set.
 Does not own deciding whether a command may run (agents.py: `SERVER.terminal/create` through the policy,
-a person and the audit log).
+a person and the audit log), nor how long a set lives (upstream/acp.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from gatewayd.errors import InvalidParams, Overloaded
 
 logger = logging.getLogger(__name__)
 
-# Terminals one turn may hold at once.
+# Terminals one turn (or one agent session) may hold at once.
 MAX_TERMINALS = 8
 # Output kept for one terminal when the agent asks for more (or says nothing).
 MAX_OUTPUT_BYTES = 1024 * 1024
@@ -67,7 +68,7 @@ class Terminal:
 
 
 class Terminals:
-    """The terminals of one turn, by the gateway's own ids."""
+    """The terminals of one turn or one agent session, by the gateway's own ids."""
 
     def __init__(self) -> None:
         self._terminals: dict[str, Terminal] = {}
@@ -76,7 +77,7 @@ class Terminals:
     async def create(self, params: dict[str, Any]) -> dict[str, Any]:
         """Start the command the (already decided) request names; its terminal id."""
         if len(self._terminals) >= MAX_TERMINALS:
-            raise Overloaded(f"a turn may hold {MAX_TERMINALS} terminals: release one first")
+            raise Overloaded(f"at most {MAX_TERMINALS} terminals at once: release one first")
         command, args, cwd = params.get("command"), params.get("args") or [], params.get("cwd")
         if not isinstance(command, str) or not command or not isinstance(args, list) \
                 or not all(isinstance(arg, str) for arg in args):
@@ -99,7 +100,7 @@ class Terminals:
         return {"terminalId": terminal_id}
 
     async def handle(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """`terminal/output`, `wait_for_exit`, `kill` or `release` of one of this turn's terminals."""
+        """`terminal/output`, `wait_for_exit`, `kill` or `release` of one of these terminals."""
         terminal_id = params.get("terminalId")
         terminal = self._terminals.get(terminal_id) if isinstance(terminal_id, str) else None
         if terminal is None:
@@ -125,10 +126,24 @@ class Terminals:
             return {}
         raise InvalidParams(f"{method} is not a terminal method")
 
+    def __len__(self) -> int:
+        return len(self._terminals)
+
+    def running(self) -> int:
+        """How many of these terminals' commands have not exited."""
+        return sum(terminal.process.returncode is None for terminal in self._terminals.values())
+
+    def kill(self) -> None:
+        """Signal every terminal's group at once, without waiting (`close` then waits for them)."""
+        for terminal in self._terminals.values():
+            _signal(terminal)
+
     async def close(self) -> None:
-        """The turn ended: every terminal it made is killed and forgotten."""
+        """Every terminal is killed and forgotten: each group is signalled before the first wait, so a close cut
+        short (its owner cancelled) has still ended them all."""
+        self.kill()
         terminals, self._terminals = list(self._terminals.values()), {}
-        await asyncio.gather(*(_kill(terminal) for terminal in terminals), return_exceptions=True)
+        await asyncio.gather(*(_reap(terminal) for terminal in terminals), return_exceptions=True)
 
 
 def _environment(requested: Any) -> dict[str, str]:
@@ -148,10 +163,19 @@ async def _read(terminal: Terminal) -> None:
 
 
 async def _kill(terminal: Terminal) -> None:
-    process = terminal.process
+    _signal(terminal)
+    await _reap(terminal)
+
+
+def _signal(terminal: Terminal) -> None:
     # The whole group, even after its leader ended: nothing it started outlives the terminal.
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(terminal.process.pid, signal.SIGKILL)
+
+
+async def _reap(terminal: Terminal) -> None:
+    """Wait for a signalled terminal's command to end and its output to be read (at most KILL_WAIT)."""
+    process = terminal.process
     try:
         async with asyncio.timeout(KILL_WAIT):
             await process.wait()

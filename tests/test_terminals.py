@@ -61,3 +61,15 @@ async def test_the_turn_s_end_leaves_nothing_running(tmp_path: Path) -> None:
     grandchild = int(pid_file.read_text())
     await turn.close()
     await eventually(lambda: process_gone(grandchild), what="the terminal's grandchild is gone")
+
+
+async def test_a_set_counts_what_runs_and_kill_signals_every_group_at_once(turn: Terminals) -> None:
+    first = await turn.create({"command": "sleep", "args": ["30"]})
+    await turn.create({"command": "sleep", "args": ["30"]})
+    done = await turn.create({"command": "true"})
+    await turn.handle("terminal/wait_for_exit", done)
+    assert (len(turn), turn.running()) == (3, 2)
+    # No wait in between: the signals are sent before kill returns, so a close cut short has still ended them.
+    turn.kill()
+    assert await turn.handle("terminal/wait_for_exit", first) == {"exitCode": None, "signal": "SIGKILL"}
+    await eventually(lambda: turn.running() == 0, what="both sleeps ended")

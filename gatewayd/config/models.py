@@ -118,6 +118,10 @@ class ServerConfig(_Strict):
     # An ACP agent is offered terminals (`terminal/*`): each command is still a call of the turn's caller,
     # `SERVER.terminal/create`, decided by its policy (agents.py). Off: the agent is told it has none.
     terminals: bool = False
+    # How long an offered terminal lives: until the turn that made it ends (the command stops with the turn), or
+    # until the agent releases it, its session is forgotten or the agent stops ("session": commands an agent runs
+    # in the background and comes back to in a later turn; the agent is then not stopped idle while one runs).
+    terminal_lifetime: Literal["turn", "session"] = "turn"
     # Who shares a child (upstream/fleet.py): everyone (one child), each client, or each MCP session (stateful
     # servers, and a child that may hold one session's roots).
     isolation: Literal["shared", "client", "session"] = "shared"
@@ -160,6 +164,13 @@ class ServerConfig(_Strict):
             raise ValueError("max_in_flight_per_client cannot be more than max_in_flight")
         if self.max_queued_per_client is not None and self.max_queued_per_client > self.max_queued:
             raise ValueError("max_queued_per_client cannot be more than max_queued")
+        return self
+
+    @model_validator(mode="after")
+    def _terminals_offered(self) -> ServerConfig:
+        if self.terminal_lifetime != "turn" and not (self.protocol == "acp" and self.terminals):
+            raise ValueError(f"terminal_lifetime = \"{self.terminal_lifetime}\" needs protocol = \"acp\" and "
+                             "terminals = true")
         return self
 
     @model_validator(mode="after")

@@ -18,7 +18,11 @@ log lines). Also:
   - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
     `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
     `Delivery.host` (agents.py: policy, the confirmation gate, audit); anything else, and anything
-    outside a turn, refused at once, so the agent never waits. The turn's end ends its terminals.
+    outside a turn, refused at once, so the agent never waits;
+  - how long its terminals live: the turn's end ends them, or (tools.d `terminal_lifetime = "session"`) they
+    are the session's, kept across its turns until the agent releases them, the session is forgotten
+    (MAX_SESSIONS) or the agent's child ends (`ended`); such an agent is not stopped idle while one of them
+    runs (`keeps_child`).
 
 Does not own deciding or answering those requests (agents.py), the child's lifecycle (server.py) or
 per-client children (fleet.py).
@@ -36,6 +40,7 @@ from typing import Any
 from gatewayd import __version__
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import CallTimedOut, ToolServerUnavailable, UpstreamError
+from gatewayd.terminals import Terminals
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.dialects import Dialect
@@ -104,6 +109,8 @@ class _Turn:
     updates: int = 0
     # The agent's requests being answered for this turn; ended with it.
     asks: set[asyncio.Task[None]] = field(default_factory=set)
+    # Where its `terminal/*` run (None: none offered): the turn's own set, or its session's.
+    terminals: Terminals | None = None
 
 
 class AcpDialect(Dialect):
@@ -120,6 +127,10 @@ class AcpDialect(Dialect):
         self._owners: dict[str, str] = {}
         self._turns: dict[str, _Turn] = {}
         self._hosted = HOSTED | TERMINAL if config.terminals else HOSTED
+        # With terminal_lifetime "session": each session's terminals, kept between its turns while it has any.
+        self._kept: dict[str, Terminals] = {}
+        # Kept terminals of sessions forgotten while the agent runs, being killed (awaited by `ended`).
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -222,7 +233,7 @@ class AcpDialect(Dialect):
             raise UpstreamError({"code": -32602, "message": f"session {session[:MAX_SESSION_ID]!r} is already "
                                                             "running a turn: wait for it, or cancel it"})
         call_id = conn.new_id()
-        turn = self._turns[session] = _Turn(call_id, conn, how, tool)
+        turn = self._turns[session] = _Turn(call_id, conn, how, tool, terminals=self._terminals_for(session))
         try:
             result = await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
                                      silence=self.config.silence_for(method), large=how.large)
@@ -236,8 +247,26 @@ class AcpDialect(Dialect):
             del self._turns[session]
             for ask in turn.asks:
                 ask.cancel()
-            if how.host is not None:
-                await asyncio.shield(how.host.close())
+            await self._turn_ended(session, turn.terminals)
+
+    def _terminals_for(self, session: str) -> Terminals | None:
+        """Where a turn of `session` runs its terminals: nowhere when none are offered; else the turn's own set, or
+        with terminal_lifetime "session" the session's."""
+        if not self.config.terminals:
+            return None
+        if self.config.terminal_lifetime == "turn":
+            return Terminals()
+        return self._kept.setdefault(session, Terminals())
+
+    async def _turn_ended(self, session: str, terminals: Terminals | None) -> None:
+        """A turn's own terminals are killed with it; a session's are kept while it has any."""
+        if terminals is None:
+            return
+        if self._kept.get(session) is terminals:
+            if not terminals:
+                del self._kept[session]
+            return
+        await asyncio.shield(terminals.close())
 
     # -- what the agent sends unasked ------------------------------------------------------
 
@@ -301,7 +330,7 @@ class AcpDialect(Dialect):
         silent. Ended with the turn: the agent is then told so."""
         turn.conn.hold(turn.call_id, True)
         try:
-            reply = await host.answer(self.name, message)
+            reply = await host.answer(self.name, message, turn.terminals)
         except asyncio.CancelledError:
             reply = {"jsonrpc": "2.0", "id": message.get("id"),
                      "error": {"code": -32000, "message": f"{message.get('method')}: the turn ended"}}
@@ -318,7 +347,33 @@ class AcpDialect(Dialect):
         self._owners.pop(session, None)
         self._owners[session] = client
         while len(self._owners) > MAX_SESSIONS:
-            del self._owners[next(iter(self._owners))]
+            forgotten = next(iter(self._owners))
+            del self._owners[forgotten]
+            self._forget_terminals(forgotten)
+
+    def _forget_terminals(self, session: str) -> None:
+        """A forgotten session's kept terminals can no longer be reached by anyone: killed."""
+        kept = self._kept.pop(session, None)
+        if kept is None or session in self._turns:
+            # A running turn's set is closed when the turn ends (it is no longer the session's).
+            return
+        kept.kill()
+        closing = asyncio.get_running_loop().create_task(kept.close(), name=f"{self.name}-terminals")
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    # -- the child's life ------------------------------------------------------------------
+
+    def keeps_child(self) -> str | None:
+        running = sum(terminals.running() for terminals in self._kept.values())
+        return f"{running} terminal(s) its sessions keep still run" if running else None
+
+    async def ended(self, conn: Connection) -> None:
+        """The agent's child ended: the terminals its sessions kept are killed (no one can release them now)."""
+        kept, self._kept = list(self._kept.values()), {}
+        for terminals in kept:
+            terminals.kill()
+        await asyncio.gather(*(terminals.close() for terminals in kept), *self._closing, return_exceptions=True)
 
     def _own(self, params: Any, how: Delivery) -> str:
         """The session a call names, if it is the caller's; another client's, or none, is unknown."""

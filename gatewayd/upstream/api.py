@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gatewayd.values import value
+
+if TYPE_CHECKING:  # loaded with the first ACP agent (upstream/acp.py)
+    from gatewayd.terminals import Terminals
 
 # Receives the notifications a call's server sends about that call (progress, log lines).
 EventSink = Callable[[dict[str, Any]], None]
@@ -54,14 +57,11 @@ class Caller(Protocol):
 
 class AgentHost(Protocol):
     """Who answers what an agent asks its client during a turn it runs for a call (agents.py): its permission
-    requests and file reads and writes, decided for the call's caller."""
+    requests, file reads and writes and terminals, decided for the call's caller."""
 
-    async def answer(self, server: str, message: dict[str, Any]) -> dict[str, Any]:
-        """The reply to the agent's request `message` (under its own id): a result or an error, never a raise."""
-        ...
-
-    async def close(self) -> None:
-        """The turn ended: end whatever its requests left running (terminals)."""
+    async def answer(self, server: str, message: dict[str, Any], terminals: Terminals | None) -> dict[str, Any]:
+        """The reply to the agent's request `message` (under its own id): a result or an error, never a raise.
+        `terminals`: where its `terminal/*` run, the turn's or its session's (upstream/acp.py decides which)."""
         ...
 
 

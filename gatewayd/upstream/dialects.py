@@ -163,6 +163,14 @@ class Dialect(abc.ABC):
         """The `[methods.NAME]` of tools.d whose timeouts a call of `method` takes."""
         return method
 
+    def keeps_child(self) -> str | None:
+        """Why the child must not be stopped idle though no call runs (an ACP agent's kept terminals), or None."""
+        return None
+
+    async def ended(self, conn: Connection) -> None:
+        """The child on `conn` ended (exited, stopped or idled out): let go of what lived only as long as it."""
+        return None
+
 
 class McpDialect(Dialect):
     """An MCP server over stdio, of either era (its tools.d `era`): probed with `server/discover` (once per config,

@@ -244,6 +244,7 @@ class ToolServer:
                     return
         finally:
             self._deadlines.release()
+            await self.dialect.ended(conn)
 
     def _idle_wait(self) -> float | None:
         """How long the child may stay silent from now; None when it never idles out."""
@@ -258,9 +259,9 @@ class ToolServer:
     async def _stop_if_idle(self, conn: Connection) -> bool:
         if self._active or conn.in_flight or time.monotonic() - self._last_activity < self.config.idle_timeout:
             return False
-        if self._kept():
-            logger.info("server=%s pid=%d idle for %gs, kept: sessions hold subscriptions at it", self.tag, conn.pid,
-                        self.config.idle_timeout)
+        kept = "sessions hold subscriptions at it" if self._kept() else self.dialect.keeps_child()
+        if kept:
+            logger.info("server=%s pid=%d idle for %gs, kept: %s", self.tag, conn.pid, self.config.idle_timeout, kept)
             self._touch()
             return False
         async with self._start_lock:

@@ -253,3 +253,13 @@ def test_a_methods_task_is_read_and_a_bad_value_names_file_line_and_key(tmp_path
     (message,) = errors_of(tmp_path)
     assert message.startswith(f"{tmp_path / 'tools.d' / 'a.toml'}:3 [methods.build.task]: ")
     assert "'never', 'optional' or 'required'" in message
+
+
+def test_a_terminal_lifetime_without_terminals_offered_is_refused_naming_the_file(tmp_path: Path) -> None:
+    write_config(tmp_path, {"agent": 'command = ["true"]\nprotocol = "acp"\nterminal_lifetime = "session"\n'})
+    (message,) = errors_of(tmp_path)
+    assert message.startswith(str(tmp_path / "tools.d" / "agent.toml"))
+    assert 'terminal_lifetime = "session" needs protocol = "acp" and terminals = true' in message
+    write_config(tmp_path, {"agent": 'command = ["true"]\nprotocol = "acp"\nterminals = true\n'
+                                     'terminal_lifetime = "session"\n'})
+    assert load_snapshot(tmp_path).servers["agent"].terminal_lifetime == "session"

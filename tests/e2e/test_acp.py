@@ -4,9 +4,10 @@ Two clients each get their own agent process and conversation; a session one cli
 the other; a turn's updates stream to its caller in order; a turn that keeps reporting runs past the server's
 call timeout and a silent one ends; the agent's permission request is approved with `gatewayctl`, denied on the
 web page's API, and answered by the caller's own user through MCP elicitation (the `prompt` tool); file reads
-and writes are served under the caller's `path_under` rule; `terminal/*` is refused; an agent that exits mid-turn
-fails the turn at once with its exit status; a session's agent stops when the session ends; no agent process
-survives the daemon.
+and writes are served under the caller's `path_under` rule; `terminal/*` is refused; a terminal ends with the turn
+that made it, or (`terminal_lifetime = "session"`) is there for the session's later turns, keeps its agent from
+idling out until released, and ends with its agent; an agent that exits mid-turn fails the turn at once with its
+exit status; a session's agent stops when the session ends; no agent process survives the daemon.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mcp_types import ElicitResult
 from gatewayd.tokens import hash_token, new_token
 from tests.daemon import REPO, Daemon, gatewayctl, headers, pending_approvals, python_command, rpc, write_config
 from tests.e2e.test_mcp_sdk import SDK_READ_TIMEOUT, bearer, sse_messages
-from tests.waiting import eventually, process_gone
+from tests.waiting import POLL_INTERVAL, eventually, process_gone
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -84,10 +85,12 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
 [roles.dev]
 allow = ["coder.session/*", "coder.prompt", "coder.fs/read_text_file", "coder.fs/write_text_file", "mate.*",
          "pool.session/*",
-         "runner.session/*"]
+         "runner.session/*", "keeper.session/*", "keeper.terminal/create"]
 confirm = ["coder.session/request_permission", "mate.session/request_permission", "runner.terminal/create"]
 [roles.dev.args."runner.terminal/create".command]
 one_of = ["echo", "sh"]
+[roles.dev.args."keeper.terminal/create".command]
+one_of = ["sh"]
 [roles.dev.confirmation."*.session/request_permission"]
 timeout = "20s"
 channels = ["client", "web"]
@@ -97,7 +100,9 @@ path_under = "{root / "work"}"
     tokens = write_config(root, {"coder": agent.replace('call_timeout', 'isolation = "client"\ncall_timeout', 1),
                                  "mate": agent.replace('call_timeout', 'isolation = "session"\ncall_timeout', 1),
                                  "pool": agent,
-                                 "runner": agent.replace('call_timeout', 'terminals = true\ncall_timeout', 1)},
+                                 "runner": agent.replace('call_timeout', 'terminals = true\ncall_timeout', 1),
+                                 "keeper": agent.replace('call_timeout', 'terminals = true\nterminal_lifetime = '
+                                                         '"session"\nidle_timeout = "1s"\ncall_timeout', 1)},
                           roles, {"alice": ["dev"], "bob": ["dev"]})
     operator = new_token()
     (root / "policies" / "operators.toml").write_text(f'[operators.ops]\ntoken_sha256 = "{hash_token(operator)}"\n')
@@ -208,6 +213,77 @@ async def test_a_terminal_runs_only_what_the_policy_allows_once_a_person_confirm
     assert ran == ["exit 4 output 'out\\n'"]
     # Outside the rule: refused before anyone is asked, naming the rule.
     assert refused[0].startswith("error -32602") and "one_of" in refused[0]
+
+
+def background(pid_file: Path) -> str:
+    """A prompt that starts a command writing "started" and then its pid to `pid_file`, and keeps running."""
+    return f"background sh -c echo${{IFS}}started;echo${{IFS}}$$>{pid_file};exec${{IFS}}sleep${{IFS}}60"
+
+
+def pid_in(pid_file: Path) -> int | None:
+    text = pid_file.read_text().strip() if pid_file.exists() else ""
+    return int(text) if text else None
+
+
+async def started(pid_file: Path) -> int:
+    await eventually(lambda: pid_in(pid_file) is not None, what="the command started")
+    pid = pid_in(pid_file)
+    assert pid is not None
+    return pid
+
+
+async def peeked(rig: Rig, http: aiohttp.ClientSession, session: str, terminal: str, want: str) -> list[str]:
+    """What the agent says of `terminal` in a new turn, once that says `want` (its output is read as it comes)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while want not in (said := await rig.said(http, "alice", session, f"peek {terminal}", "keeper"))[0]:
+        assert asyncio.get_running_loop().time() < deadline, said
+        await asyncio.sleep(POLL_INTERVAL)
+    return said
+
+
+async def test_a_turn_s_terminal_ends_with_the_turn(rig: Rig) -> None:
+    pid_file = rig.root / "turn.pid"
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "runner")
+        running = asyncio.ensure_future(rig.said(http, "alice", session, background(pid_file), "runner"))
+        [pending] = await pending_approvals(rig.root)
+        code, _, err = await gatewayctl(rig.root, "approve", pending["id"])
+        assert code == 0, err
+        made = await asyncio.wait_for(running, 20)
+        pid = await started(pid_file)
+        await eventually(lambda: process_gone(pid), what="the turn's terminal is killed when the turn ends")
+        later = await rig.said(http, "alice", session, "peek term-1", "runner")
+    assert made == ["made term-1"]
+    assert later[0].startswith("error -32602") and "unknown terminal" in later[0]
+
+
+async def test_a_session_s_terminal_outlives_its_turn_and_keeps_its_agent_until_released(rig: Rig) -> None:
+    pid_file = rig.root / "kept.pid"
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "keeper")
+        agent = session.rsplit("-", 1)[1]
+        made = await rig.said(http, "alice", session, background(pid_file), "keeper")
+        pid = await started(pid_file)
+        peek = await peeked(rig, http, session, "term-1", "started")
+        # Idle for longer than its idle_timeout (1 s), with a command of its session running: kept.
+        await rig.daemon.wait_log(rf"server=keeper gen=\d+ pid={agent} idle for 1s, kept: 1 terminal")
+        assert not process_gone(pid)
+        released = await rig.said(http, "alice", session, "release term-1", "keeper")
+        await eventually(lambda: process_gone(pid), what="the released terminal's command ends")
+        await rig.daemon.wait_log(rf"server=keeper gen=\d+ pid={agent} idle for 1s, stopping")
+    assert made == ["made term-1"] and peek == ["output 'started\\n' exit running"] and released == ["released"]
+
+
+async def test_a_session_s_terminal_ends_with_its_agent(rig: Rig) -> None:
+    pid_file = rig.root / "restarted.pid"
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "keeper")
+        await rig.said(http, "alice", session, background(pid_file), "keeper")
+        pid = await started(pid_file)
+        code, _, err = await gatewayctl(rig.root, "restart", "keeper")
+        assert code == 0, err
+        await eventually(lambda: process_gone(pid), what="the terminal ends with the agent that kept it")
+        await eventually(lambda: process_gone(int(session.rsplit("-", 1)[1])), what="the agent exits")
 
 
 async def test_an_agent_that_exits_mid_turn_fails_the_turn_at_once(rig: Rig) -> None:
