@@ -184,9 +184,11 @@ class Continuation:
     # -- the child's side ------------------------------------------------------------------------
 
     def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], declares: Declares,
-            call: asyncio.Future[Any] | None, reply: relay.Reply) -> dict[str, Any] | None:
+            call: asyncio.Future[Any] | None, reply: relay.Reply,
+            withdrawn: asyncio.Future[Any] | None = None) -> dict[str, Any] | None:
         """Take the child's request as a question for the caller (None: answered later), or the refusal to write now.
-        `declares(kind, params)` says whether the caller declared it can answer."""
+        `declares(kind, params)` says whether the caller declared it can answer; `withdrawn` ends when the child no
+        longer wants the answer (the question is then settled, and an answer to it dropped)."""
         method = str(message.get("method"))
         kind = relay.KINDS.get(method)
         params = message.get("params")
@@ -213,6 +215,8 @@ class Continuation:
         self._fresh.append(question)
         if call is not None:
             call.add_done_callback(lambda _f: self._end(question, "call_finished", "the call it belongs to has ended"))
+        if withdrawn is not None:
+            withdrawn.add_done_callback(lambda _f: self._end(question, "withdrawn", "the tool server withdrew it"))
         self._wake()
         return None
 

@@ -322,7 +322,8 @@ class Asker:
         return (mode == "form" and not modes) or isinstance(modes.get(mode), dict)
 
     def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
-            reply: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+            reply: Callable[[dict[str, Any]], bool],
+            withdrawn: asyncio.Future[Any] | None = None) -> dict[str, Any] | None:
         method = str(message.get("method"))
         capability = ASKS.get(method)
         if capability is not None and not self.envelope.declares(capability):
@@ -330,6 +331,6 @@ class Asker:
                 logger.info("server=%s %s: the modern caller did not declare %s", server, method, capability)
                 call.set_exception(MissingClientCapability(capability))
         elif self.continuation is not None:
-            return self.continuation.ask(server, allowed, message, self.declares, call, reply)
+            return self.continuation.ask(server, allowed, message, self.declares, call, reply, withdrawn)
         return {"jsonrpc": "2.0", "id": message.get("id"),
                 "error": {"code": NOT_ASKED, "message": f"{method}: not relayed to a client of MCP 2026-07-28 here"}}

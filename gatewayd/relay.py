@@ -177,9 +177,11 @@ class Relay:
                                              authority=ctx.authority))
 
     def ask(self, ctx: CallContext, server: str, allowed: Collection[str], message: dict[str, Any],
-            call: asyncio.Future[Any] | None, reply: Reply) -> dict[str, Any] | None:
+            call: asyncio.Future[Any] | None, reply: Reply,
+            withdrawn: asyncio.Future[Any] | None = None) -> dict[str, Any] | None:
         """Put the child's request to the caller (None: `reply` answers it later), or the refusal to write now.
-        `call` ends with the call the request belongs to (None: it belongs to the caller's session, not a call)."""
+        `call` ends with the call the request belongs to (None: it belongs to the caller's session, not a call);
+        `withdrawn`, when the child no longer wants the answer."""
         method = str(message.get("method"))
         kind = KINDS.get(method)
         params = message.get("params")
@@ -209,7 +211,7 @@ class Relay:
         relayed = _Relayed(key, gateway_id, message, kind, server, ctx, reply, scope)
         self._relayed[key] = relayed
         self._per_call[scope] = self._per_call.get(scope, 0) + 1
-        self._watch(relayed, call)
+        self._watch(relayed, call, withdrawn)
         if key not in self._relayed:
             return None  # ended while being watched (the caller had gone already): the child has its error
         outbound: dict[str, Any] = {"jsonrpc": "2.0", "id": gateway_id, "method": method}
@@ -246,7 +248,8 @@ class Relay:
             method = relayed.message.get("method")
             self._finish(relayed, outcome, error_reply(relayed.message, code, f"{method}: {reason}"), tell_client=True)
 
-    def _watch(self, relayed: _Relayed, call: asyncio.Future[Any] | None) -> None:
+    def _watch(self, relayed: _Relayed, call: asyncio.Future[Any] | None,
+               withdrawn: asyncio.Future[Any] | None) -> None:
         """Every way the request can end without an answer ends it."""
         key, ctx = relayed.key, relayed.ctx
         loop = asyncio.get_running_loop()
@@ -260,6 +263,12 @@ class Relay:
 
             call.add_done_callback(call_done)
             relayed.undo.append(lambda: call.remove_done_callback(call_done))
+        if withdrawn is not None:
+            def withdrawn_done(_future: asyncio.Future[Any]) -> None:
+                self.end(key, "withdrawn", "the tool server withdrew it")
+
+            withdrawn.add_done_callback(withdrawn_done)
+            relayed.undo.append(lambda: withdrawn.remove_done_callback(withdrawn_done))
         # Taken back in a later turn: a session's end or a disconnect may be running these very callbacks (Once).
         if ctx.on_disconnect is not None:
             gone = ctx.on_disconnect(lambda: self.end(key, "disconnected", "the caller disconnected"))
@@ -302,8 +311,8 @@ class RelayCaller:
     ctx: CallContext
 
     def ask(self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
-            reply: Reply) -> dict[str, Any] | None:
-        return self.relay.ask(self.ctx, server, allowed, message, call, reply)
+            reply: Reply, withdrawn: asyncio.Future[Any] | None = None) -> dict[str, Any] | None:
+        return self.relay.ask(self.ctx, server, allowed, message, call, reply, withdrawn)
 
     @property
     def capabilities(self) -> dict[str, Any]:

@@ -155,3 +155,19 @@ async def test_progress_says_how_the_call_goes_and_the_gateways_own_reaches_no_s
     assert continuation.status == "2/3" and [m["params"]["message"] for m in streamed] == ["2/3"]
     release.set_result({"result": "done"})
     assert await continuation.wait() == {"result": "done"}
+
+
+async def test_a_withdrawn_question_is_settled_and_never_put_to_the_caller() -> None:
+    registry, child = Continuations(timeout=60), Child()
+    release: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    withdrawn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    continuation = registry.start("ada", held(release))
+    assert continuation.ask("s", ALLOWED, ASK, declares, None, child.reply, withdrawn) is None
+    withdrawn.set_result(None)
+    await asyncio.sleep(0)  # the future's callbacks run in the loop's next turn
+    # Withdrawn before any round took it: the caller's next round does not hold it; the child is told it ended.
+    assert await continuation.wait(timeout=0.05) is None
+    [reply] = child.replies
+    assert reply["id"] == "ask-1" and reply["error"]["code"] == relay.ENDED and "withdrew" in reply["error"]["message"]
+    release.set_result({"result": "done"})
+    assert await continuation.wait() == {"result": "done"}

@@ -23,6 +23,7 @@ from gatewayd.policy import Principal
 from gatewayd.records import Records
 from gatewayd.relay import BAD_PARAMS, ENDED, MAX_RELAYED_PER_CALL, REFUSED, RELAY_ID_PREFIX, TIMED_OUT, Relay
 from gatewayd.sessions import Session
+from gatewayd.upstream.hosted import HostedTasks
 
 pytestmark = pytest.mark.asyncio
 
@@ -262,3 +263,29 @@ async def test_a_per_session_child_s_request_outside_any_call_goes_to_its_sessio
     rig.session.end()
     await settle()
     assert rig.replies[-1]["id"] == "child-10" and rig.replies[-1]["error"]["code"] == -32000
+
+
+async def test_a_hosted_task_the_child_cancels_withdraws_its_question_from_the_client(rig: Rig) -> None:
+    call, table = future(), HostedTasks(rig.reply)
+
+    def ask(plain: dict[str, Any], reply: Callable[[dict[str, Any]], bool],
+            withdrawn: asyncio.Future[None] | None) -> dict[str, Any] | None:
+        return rig.relay.ask(rig.ctx(), "srv", ALL, plain, call, reply, withdrawn)
+
+    created = table.take({"jsonrpc": "2.0", "id": "child-1", "method": "sampling/createMessage",
+                          "params": {**SAMPLING, "task": {"ttl": 60000}}}, ask)
+    assert created is not None
+    task_id = created["result"]["task"]["taskId"]
+    [asked] = rig.sent
+    cancel = table.answer({"jsonrpc": "2.0", "id": "child-2", "method": "tasks/cancel", "params": {"taskId": task_id}})
+    assert cancel is not None and cancel["result"]["status"] == "cancelled"
+    await settle()
+    # The client may close its question: the tool server no longer wants the answer.
+    assert rig.sent[1:] == [{"jsonrpc": "2.0", "method": "notifications/cancelled",
+                             "params": {"requestId": asked["id"], "reason": "withdrawn"}}]
+    assert len(rig.relay) == 0 and rig.replies == []  # the child asked to cancel: nothing more is written to it
+    # An answer that comes after all is dropped, and changes nothing.
+    assert rig.relay.answer(rig.ctx(), Response(asked["id"], {"role": "assistant"}, None))
+    assert rig.replies == []
+    [record] = await rig.records()
+    assert record["outcome"] == "withdrawn" and record["kind"] == "sampling"

@@ -30,11 +30,12 @@ class Caller(Protocol):
 
     def ask(
         self, server: str, allowed: Collection[str], message: dict[str, Any], call: asyncio.Future[Any] | None,
-        reply: Callable[[dict[str, Any]], bool],
+        reply: Callable[[dict[str, Any]], bool], withdrawn: asyncio.Future[Any] | None = None,
     ) -> dict[str, Any] | None:
         """Put the child's request `message` to the caller: the reply to write now (a refusal), or None when
         `reply` will carry it later. `allowed` is what the server may ask; `call` ends with the call (None: asked
-        outside any call, by a per-session child of the caller's session)."""
+        outside any call, by a per-session child of the caller's session); `withdrawn` ends when the child no
+        longer wants the answer (it cancelled the task the gateway runs the request as, hosted.py)."""
         ...
 
     @property

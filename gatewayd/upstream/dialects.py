@@ -488,8 +488,8 @@ class McpDialect(Dialect):
             # A per-session child asking outside a call its client can be asked in (at start-up, after a roots
             # change, during the gateway's own listing): its session's client is asked, on the session's stream.
             owner = self.owner
-            return self._asked(message, lambda plain, reply: owner.ask(self.name, self.config.relay, plain, None,
-                                                                       reply), conn)
+            return self._asked(message, lambda plain, reply, withdrawn: owner.ask(
+                self.name, self.config.relay, plain, None, reply, withdrawn), conn)
         if pending is None or caller is None:
             why = "belongs to no call of a client that can be asked" if pending is not None else \
                 "cannot be told apart from the other calls in flight, or none is"
@@ -497,15 +497,15 @@ class McpDialect(Dialect):
             return {"jsonrpc": "2.0", "id": message.get("id"),
                     "error": {"code": -32601, "message": f"{method}: not relayed, it {why}"}}
         call = pending.future
-        return self._asked(message, lambda plain, reply: caller.ask(self.name, self.config.relay, plain, call, reply),
-                           conn)
+        return self._asked(message, lambda plain, reply, withdrawn: caller.ask(
+            self.name, self.config.relay, plain, call, reply, withdrawn), conn)
 
     def _asked(self, message: dict[str, Any], ask: hosted.Ask, conn: Connection) -> dict[str, Any] | None:
         """Put the child's request to its caller (`ask`): as a task the gateway hosts when the child sent it as one,
         else as it is."""
         if self._hosted is not None and hosted.augmented(message):
             return self._hosted.take(message, ask)
-        return ask(message, conn.reply)
+        return ask(message, conn.reply, None)
 
     offers_surfaces = True
 

@@ -5,7 +5,9 @@ Such a request is put to the caller of the call it belongs to as any relayed req
 (the caller answers it as the plain request it is), and the child is answered at once with a CreateTaskResult under
 an id of the gateway's; the caller's answer, when it comes, completes the task (a refusal, a timeout or the call's
 end fails it). The child then asks about it: `tasks/get` (how it stands), `tasks/result` (the answer, waited for
-until there is one), `tasks/cancel` (nothing more is waited for), `tasks/list` (its hosted tasks).
+until there is one), `tasks/cancel` (the question is withdrawn: a legacy caller is told `notifications/cancelled`
+for it, and nothing more is waited for), `tasks/list` (its hosted tasks). A task forgotten at its ttl withdraws its
+question too.
 
 Owns one child's table: at most MAX_HOSTED tasks at once (past that a request is put to the caller as a plain one,
 answered when it is answered, as the spec lets a receiver do), each forgotten once its ttl has passed (DEFAULT_TTL
@@ -15,6 +17,7 @@ request belongs to (dialects.py), or the tasks of callers (tasks.py, modern_task
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -43,8 +46,9 @@ ID_PREFIX: Final = "gwh-"
 ID_BYTES: Final = 12
 
 Reply = Callable[[dict[str, Any]], bool]
-# Put a request to the call's caller: the reply to write now (a refusal), or None when `reply` will carry it.
-Ask = Callable[[dict[str, Any], Reply], "dict[str, Any] | None"]
+# Put a request to the call's caller: the reply to write now (a refusal), or None when `reply` will carry it; the
+# future, when given, ends when the request is withdrawn.
+Ask = Callable[[dict[str, Any], Reply, "asyncio.Future[None] | None"], "dict[str, Any] | None"]
 
 
 @dataclass(eq=False)
@@ -62,6 +66,8 @@ class Hosted:
     waiting: list[dict[str, Any]] = field(default_factory=list)
     # time.monotonic() after which it is forgotten.
     expires: float = 0.0
+    # Done once the task has ended: the question it put to the caller, if still open, is withdrawn (relay.py).
+    ended: asyncio.Future[None] | None = None
 
     def view(self) -> dict[str, Any]:
         """The task as 2025-11-25 carries it (a Task)."""
@@ -87,12 +93,12 @@ class HostedTasks:
         params = message["params"]
         plain = {**message, "params": {key: value for key, value in params.items() if key != "task"}}
         if len(self._tasks) >= MAX_HOSTED:
-            return ask(plain, self._reply)
+            return ask(plain, self._reply, None)
         now = time.time()
         ttl = _ttl_seconds(params.get("task"))
         task = Hosted(ID_PREFIX + secrets.token_urlsafe(ID_BYTES), now, int(ttl * 1000),
-                      expires=time.monotonic() + ttl)
-        refused = ask(plain, lambda reply: self._ended(task, reply))
+                      expires=time.monotonic() + ttl, ended=asyncio.get_running_loop().create_future())
+        refused = ask(plain, lambda reply: self._ended(task, reply), task.ended)
         if refused is not None:
             return refused  # not asked at all: the child gets the refusal for its request, and no task
         self._tasks[task.id] = task
@@ -135,6 +141,7 @@ class HostedTasks:
     def _end(self, task: Hosted, status: str, outcome: dict[str, Any]) -> None:
         task.status, task.outcome, task.updated = status, outcome, time.time()
         task.expires = min(task.expires, time.monotonic() + RESULT_KEEP)
+        _withdraw(task)
         waiting, task.waiting = task.waiting, []
         for request in waiting:
             self._reply(self._outcome(task, request.get("id")))
@@ -153,9 +160,16 @@ class HostedTasks:
         now = time.monotonic()
         for task in [task for task in self._tasks.values() if task.expires <= now]:
             del self._tasks[task.id]
+            _withdraw(task)
             for request in task.waiting:
                 self._reply({"jsonrpc": "2.0", "id": request.get("id"),
                              "error": {"code": INVALID_PARAMS, "message": "the task expired"}})
+
+
+def _withdraw(task: Hosted) -> None:
+    """The task ended: its question, if the caller has not answered it, is not wanted any more."""
+    if task.ended is not None and not task.ended.done():
+        task.ended.set_result(None)
 
 
 def augmented(message: dict[str, Any]) -> bool:

@@ -208,3 +208,23 @@ async def test_a_child_flooding_its_caller_during_one_call_is_refused_past_the_l
     # Past the limit, refused at once; the rest were put to the caller, who never answered.
     assert codes == [-32601] * extra + [-32001] * MAX_RELAYED_PER_CALL
     assert all("already wait for its caller" in reply["error"]["message"] for reply in replies[:extra])
+
+
+async def test_a_question_the_child_sent_as_a_task_and_then_cancelled_is_withdrawn_from_its_caller(rig: Rig) -> None:
+    async with caller(rig) as client:
+        call = client.call([sampling("h1", {**SAMPLING, "task": {"ttl": 60000}})], 1)
+        call["params"]["arguments"]["cancel_tasks"] = True
+        async with client.streaming(call) as stream:
+            asked = await stream.relayed()
+            withdrawn = await stream.next()
+            result = await stream.next()
+        # The caller's answer, coming after all, is dropped: the child asked for nothing more.
+        assert await client.answer(asked["id"], ANSWER) == 202
+        assert await client.ask([], 0) == []
+    assert "task" not in asked["params"]  # put to the caller as the plain request it is
+    assert withdrawn == {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": asked["id"], "reason": "withdrawn"}}
+    created, cancelled = json.loads(result["result"]["content"][0]["text"])
+    assert created["id"] == "h1" and created["result"]["task"]["status"] == "working"
+    assert cancelled["result"]["status"] == "cancelled"
+    assert [reply for reply in rig.told() if reply["id"] == "h1"] == [created]
