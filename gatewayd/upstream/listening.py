@@ -5,7 +5,8 @@ stream its client opened. The dialect (dialects.py) opens one on each modern chi
 `server/discover` says it tells of (the `listChanged` of its tools, prompts, resources); sessions' subscriptions to its
 resources (`resources/subscribe`, `unsubscribe`, which reach the dialect as for any child: surfaces.py) join and leave
 that listen, which is opened again with the URIs held — once for all the changes of one loop turn, the new one before
-the old one ends, so that no change falls between them. The child's notifications then reach the server as a legacy
+the old one ends, so that no change falls between them, and at once even while a listen the child ended waits out its
+backoff (REOPEN_FIRST…REOPEN_LAST). The child's notifications then reach the server as a legacy
 child's do (server.py), its subscription id taken off: it is nothing the gateway's callers know.
 
 Owns that listen: the URIs it holds, the one open (its connection and id), and a child that refused to listen (not
@@ -77,7 +78,11 @@ class Listening:
             self._uris.add(uri)
         else:
             self._uris.discard(uri)
-        if len(self._uris) != held and self._again is None:
+        if len(self._uris) != held and (self._again is None or isinstance(self._again, asyncio.TimerHandle)):
+            # A reopen waiting out the backoff of a child that keeps ending listens waits no longer: a session's
+            # subscription is not held back by the child's doing.
+            if self._again is not None:
+                self._again.cancel()
             self._again = asyncio.get_running_loop().call_soon(self._listen, conn)
         return {}
 
