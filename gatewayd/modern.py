@@ -306,6 +306,11 @@ class Asker:
         if self.continuation is not None:
             self.continuation.tell(status)
 
+    @property
+    def answers_input(self) -> bool:
+        """A modern caller is answered a child's input-required result and retries with its answers itself."""
+        return True
+
     def answer(self, key: str) -> Any:
         """The caller's answer under `key`, if its retry carries one."""
         return self.retry.answers.get(key) if self.retry is not None else None

@@ -329,10 +329,10 @@ class RelayCaller:
     def tell(self, status: str) -> None:
         """Nothing to show: a legacy caller hears a child task's status as progress, if it asked for progress."""
 
-    async def put(self, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:
-        """A modern child's input requests (an input-required result) put to this legacy caller as relayed requests
-        on the call's stream, with the same rules as a legacy child's: `put` below."""
-        return await put(self, server, allowed, requests)
+    @property
+    def answers_input(self) -> bool:
+        """A legacy caller knows no input-required result: its questions are put to it (`put` below)."""
+        return False
 
 
 async def put(caller: Caller, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:

@@ -55,6 +55,12 @@ class Caller(Protocol):
         polling a task of the gateway's is shown it."""
         ...
 
+    @property
+    def answers_input(self) -> bool:
+        """Whether a modern child's input-required result reaches this caller as it is, answered by its own retry
+        (a 2026-07-28 caller); else the gateway puts its questions to it (relay.put) and retries the child."""
+        ...
+
 
 class AgentHost(Protocol):
     """Who answers what an agent asks its client during a turn it runs for a call (agents.py): its permission

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Any, ClassVar, Final
 
-from gatewayd import __version__, jsontext
+from gatewayd import __version__, jsontext, relay
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import (
     MISSING_CLIENT_CAPABILITY,
@@ -421,24 +421,24 @@ class McpDialect(Dialect):
 
     async def _answered(self, conn: Connection, method: str, params: dict[str, Any], result: Any, timeout: float,
                         how: Delivery, tasks: bool = False) -> Any:
-        """A modern child's input-required results put to a legacy caller that can be asked on its stream (relay.py
-        `RelayCaller.put`), and the request retried with the answers until the child answers otherwise (at most
+        """A modern child's input-required results put to a legacy caller that can be asked on its stream
+        (relay.put), and the request retried with the answers until the child answers otherwise (at most
         MAX_INPUT_ROUNDS rounds, all within the call's timeout); a caller nobody can ask (answered as plain JSON)
         gets an error, never a result of an era it does not speak. A modern caller answers them itself (web/modern.py);
         any other result is as it is."""
         if not self.modern or how.resume is not None or (requests := _asked(result)) is None:
             return result  # a legacy child asks its own questions (on_request): nothing more to do
-        put = getattr(how.caller, "put", None)
-        if put is None:
-            if how.caller is not None:
-                return result  # a modern caller's to answer
+        caller = how.caller
+        if caller is None:
             raise InputNotRelayed(self.name, requests)
+        if caller.answers_input:
+            return result
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         for _ in range(MAX_INPUT_ROUNDS):
             try:
                 async with asyncio.timeout_at(deadline):
-                    answers = await put(self.name, self.config.relay, requests)
+                    answers = await relay.put(caller, self.name, self.config.relay, requests)
             except TimeoutError:
                 raise CallTimedOut(f"tool server {self.name!r} did not finish within {timeout:g}s",
                                    {"server": self.name}) from None
