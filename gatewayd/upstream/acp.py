@@ -2,13 +2,15 @@
 
 Owns the gateway's side of an ACP agent's wire: the `initialize` handshake (declaring the client
 capabilities the gateway serves: reading and writing text files; terminals if offered), the session methods a
-client may call directly (`SERVER.session/new`, `session/load`, `session/prompt`, `session/set_mode`,
-`session/cancel`), and the MCP tool `prompt` that drives an agent from any MCP client (a new session,
+client may call directly (`SERVER.session/new`, `session/load`, `session/resume`, `session/prompt`,
+`session/set_mode`, `session/set_config_option`, `session/cancel`, `session/close`, `session/delete`,
+`session/list`), and the MCP tool `prompt` that drives an agent from any MCP client (a new session,
 or the one named, then one turn; the agent's words are the result, its updates the call's progress and
 log lines). Also:
 
   - which client each of the agent's sessions belongs to: a session id the agent hands out is bound to
-    the client that received it, and any other client naming it is told it does not exist;
+    the client that received it, and any other client naming it is told it does not exist (nor is it in the
+    `session/list` that client is answered);
   - a turn (`session/prompt`) at a time per session, its deadline following its activity: each update
     starts the tools.d `activity_timeout` again, under the method's `timeout` as a hard cap, and a
     wait for a person does not count as silence; a turn that ends by timeout or cancel is told
@@ -55,7 +57,9 @@ FILES = {"readTextFile": True, "writeTextFile": True}
 # The session methods a client may call directly; `session/cancel` is a notification in ACP.
 PROMPT, NEW, LOAD, SET_MODE, CANCEL = "session/prompt", "session/new", "session/load", "session/set_mode", \
     "session/cancel"
-SESSION_METHODS = frozenset({PROMPT, NEW, LOAD, SET_MODE, CANCEL})
+LIST, RESUME, CLOSE, DELETE, SET_CONFIG = "session/list", "session/resume", "session/close", "session/delete", \
+    "session/set_config_option"
+SESSION_METHODS = frozenset({PROMPT, NEW, LOAD, SET_MODE, CANCEL, LIST, RESUME, CLOSE, DELETE, SET_CONFIG})
 # The MCP tool that runs one turn, and its arguments.
 PROMPT_TOOL = "prompt"
 PROMPT_SCHEMA = {
@@ -87,7 +91,12 @@ SESSION_DESCRIPTIONS = {
     PROMPT: "One turn: {sessionId, prompt: [content blocks]}; its session/update notifications stream on an SSE "
             "answer, then {stopReason}.",
     SET_MODE: "Set a session's mode: {sessionId, modeId}.",
+    SET_CONFIG: "Set one of a session's configuration options: {sessionId, configId, value}.",
     CANCEL: "Stop the session's running turn: {sessionId} (a notification in ACP; answered with null here).",
+    LIST: "The sessions of this client the agent knows: {cwd?, cursor?}; answers {sessions, nextCursor?}.",
+    RESUME: "Take up an earlier session of this client without its history: {sessionId, cwd, mcpServers}.",
+    CLOSE: "End a session's work and free what it holds (its terminals too): {sessionId}.",
+    DELETE: "Remove a session of this client from the agent's list: {sessionId}.",
 }
 
 
@@ -180,14 +189,19 @@ class AcpDialect(Dialect):
             result = await conn.call(method, params, timeout=timeout)
             self._bind(result.get("sessionId") if isinstance(result, dict) else None, how.client)
             return result
-        if method == LOAD:
+        if method in (LOAD, RESUME):
             session = params.get("sessionId")
             if self._owners.get(str(session), how.client) != how.client:
                 raise _unknown_session(session)
-            # Loading replays the conversation as updates, which reach the caller as a turn's do.
-            result, _ = await self._turn(conn, method, params, timeout, how, tool=False)
+            if method == LOAD:
+                # Loading replays the conversation as updates, which reach the caller as a turn's do.
+                result, _ = await self._turn(conn, method, params, timeout, how, tool=False)
+            else:
+                result = await conn.call(method, params, timeout=timeout)
             self._bind(session, how.client)
             return result
+        if method == LIST:
+            return self._listed(await conn.call(method, params, timeout=timeout), how.client)
         session = self._own(params, how)
         if method == CANCEL:
             await conn.notify(method, params)
@@ -195,7 +209,23 @@ class AcpDialect(Dialect):
         if method == PROMPT:
             result, _ = await self._turn(conn, method, params, timeout, how, tool=False)
             return result
-        return await conn.call(method, params, timeout=timeout)
+        result = await conn.call(method, params, timeout=timeout)
+        if method in (CLOSE, DELETE):
+            # What the session held is freed with it; a deleted one is no one's any more.
+            self._forget_terminals(session)
+            if method == DELETE:
+                self._owners.pop(session, None)
+        return result
+
+    def _listed(self, result: Any, client: str) -> Any:
+        """The agent's `session/list` answer with only the caller's own sessions: another client's, and any the
+        gateway never handed out (the agent's from before), are not there, as they do not exist for it."""
+        sessions = result.get("sessions") if isinstance(result, dict) else None
+        if not isinstance(sessions, list):
+            return result
+        mine = [entry for entry in sessions
+                if isinstance(entry, dict) and self._owners.get(str(entry.get("sessionId"))) == client]
+        return {**result, "sessions": mine}
 
     async def call_tool(self, conn: Connection, tool: str, arguments: Any, timeout: float, how: Delivery) -> Any:
         if tool != PROMPT_TOOL:
@@ -352,7 +382,7 @@ class AcpDialect(Dialect):
             self._forget_terminals(forgotten)
 
     def _forget_terminals(self, session: str) -> None:
-        """A forgotten session's kept terminals can no longer be reached by anyone: killed."""
+        """The kept terminals of a session forgotten (no one can reach them now), closed or deleted: killed."""
         kept = self._kept.pop(session, None)
         if kept is None or session in self._turns:
             # A running turn's set is closed when the turn ends (it is no longer the session's).

@@ -6,7 +6,8 @@ call timeout and a silent one ends; the agent's permission request is approved w
 web page's API, and answered by the caller's own user through MCP elicitation (the `prompt` tool); file reads
 and writes are served under the caller's `path_under` rule; `terminal/*` is refused; a terminal ends with the turn
 that made it, or (`terminal_lifetime = "session"`) is there for the session's later turns, keeps its agent from
-idling out until released, and ends with its agent; an agent that exits mid-turn fails the turn at once with its
+idling out until released, and ends with its agent or its session's close; a client lists, configures, closes
+and resumes its own sessions only; an agent that exits mid-turn fails the turn at once with its
 exit status; a session's agent stops when the session ends; no agent process survives the daemon.
 """
 
@@ -56,7 +57,11 @@ class Rig:
         return await rpc(http, self.url, self.tokens[client], method, params)
 
     async def turn(self, http: aiohttp.ClientSession, client: str, session: str, text: str) -> dict[str, Any]:
-        return await self.call(http, client, "coder.session/prompt",
+        return await self.turn_on(http, client, "coder", session, text)
+
+    async def turn_on(self, http: aiohttp.ClientSession, client: str, server: str, session: str,
+                      text: str) -> dict[str, Any]:
+        return await self.call(http, client, f"{server}.session/prompt",
                                {"sessionId": session, "prompt": [{"type": "text", "text": text}]})
 
     async def said(self, http: aiohttp.ClientSession, client: str, session: str, text: str,
@@ -284,6 +289,51 @@ async def test_a_session_s_terminal_ends_with_its_agent(rig: Rig) -> None:
         assert code == 0, err
         await eventually(lambda: process_gone(pid), what="the terminal ends with the agent that kept it")
         await eventually(lambda: process_gone(int(session.rsplit("-", 1)[1])), what="the agent exits")
+
+
+async def test_a_client_lists_configures_closes_and_resumes_only_its_own_sessions(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        mine = await new_session(rig, http, "alice", "pool")
+        theirs = await new_session(rig, http, "bob", "pool")
+        listed = await rig.call(http, "alice", "pool.session/list", {})
+        bobs = await rig.call(http, "bob", "pool.session/list", {})
+        # Bob's sessions are not Alice's to see, close, resume, configure or delete: they do not exist for her.
+        refused = [await rig.call(http, "alice", f"pool.session/{method}", params) for method, params in (
+            ("close", {"sessionId": theirs}), ("delete", {"sessionId": theirs}),
+            ("resume", {"sessionId": theirs, "cwd": str(rig.root), "mcpServers": []}),
+            ("set_config_option", {"sessionId": theirs, "configId": "speed", "value": "fast"}))]
+        configured = await rig.call(http, "alice", "pool.session/set_config_option",
+                                    {"sessionId": mine, "configId": "speed", "value": "fast"})
+        first = await rig.said(http, "alice", mine, "count", "pool")
+        closed = await rig.call(http, "alice", "pool.session/close", {"sessionId": mine})
+        after_close = await rig.turn_on(http, "alice", "pool", mine, "count")
+        resumed = await rig.call(http, "alice", "pool.session/resume",
+                                 {"sessionId": mine, "cwd": str(rig.root), "mcpServers": []})
+        again = await rig.said(http, "alice", mine, "count", "pool")
+        # The agent itself has no session/delete: the caller hears its own answer, and the session stays hers.
+        deleted = await rig.call(http, "alice", "pool.session/delete", {"sessionId": mine})
+        still = await rig.said(http, "alice", mine, "count", "pool")
+    listed_ids = [entry["sessionId"] for entry in listed["result"]["sessions"]]
+    assert mine in listed_ids and theirs not in listed_ids  # (her sessions of earlier tests are there too)
+    assert theirs in [entry["sessionId"] for entry in bobs["result"]["sessions"]]
+    assert not set(listed_ids) & {entry["sessionId"] for entry in bobs["result"]["sessions"]}
+    assert [answer["error"]["code"] for answer in refused] == [-32602] * 4
+    assert all("unknown session" in answer["error"]["message"] for answer in refused)
+    assert "result" in configured and first == ["1 fast"]
+    assert closed["result"] == {} and after_close["error"]["code"] == -32602
+    assert "result" in resumed and again == ["2 fast"]  # its conversation taken up again, without a replay
+    assert deleted["error"]["code"] == -32601 and still == ["3 fast"]
+
+
+async def test_closing_a_session_ends_the_terminals_it_kept(rig: Rig) -> None:
+    pid_file = rig.root / "closed.pid"
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "keeper")
+        await rig.said(http, "alice", session, background(pid_file), "keeper")
+        pid = await started(pid_file)
+        closed = await rig.call(http, "alice", "keeper.session/close", {"sessionId": session})
+        await eventually(lambda: process_gone(pid), what="the closed session's terminal ends")
+    assert closed["result"] == {}
 
 
 async def test_an_agent_that_exits_mid_turn_fails_the_turn_at_once(rig: Rig) -> None:
