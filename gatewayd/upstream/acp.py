@@ -136,8 +136,9 @@ class AcpDialect(Dialect):
         self._owners: dict[str, str] = {}
         self._turns: dict[str, _Turn] = {}
         self._hosted = HOSTED | TERMINAL if config.terminals else HOSTED
-        # With terminal_lifetime "session": each session's terminals, kept between its turns while it has any.
-        self._kept: dict[str, Terminals] = {}
+        # With terminal_lifetime "session": each session's terminals, kept between its turns while it has any, with
+        # the child they belong to (a session is one child's: they end with it).
+        self._kept: dict[str, tuple[Connection, Terminals]] = {}
         # Kept terminals of sessions forgotten while the agent runs, being killed (awaited by `ended`).
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -263,7 +264,7 @@ class AcpDialect(Dialect):
             raise UpstreamError({"code": -32602, "message": f"session {session[:MAX_SESSION_ID]!r} is already "
                                                             "running a turn: wait for it, or cancel it"})
         call_id = conn.new_id()
-        turn = self._turns[session] = _Turn(call_id, conn, how, tool, terminals=self._terminals_for(session))
+        turn = self._turns[session] = _Turn(call_id, conn, how, tool, terminals=self._terminals_for(session, conn))
         try:
             result = await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
                                      silence=self.config.silence_for(method), large=how.large)
@@ -279,20 +280,24 @@ class AcpDialect(Dialect):
                 ask.cancel()
             await self._turn_ended(session, turn.terminals)
 
-    def _terminals_for(self, session: str) -> Terminals | None:
-        """Where a turn of `session` runs its terminals: nowhere when none are offered; else the turn's own set, or
-        with terminal_lifetime "session" the session's."""
+    def _terminals_for(self, session: str, conn: Connection) -> Terminals | None:
+        """Where a turn of `session` on `conn` runs its terminals: nowhere when none are offered; else the turn's own
+        set, or with terminal_lifetime "session" the session's."""
         if not self.config.terminals:
             return None
         if self.config.terminal_lifetime == "turn":
             return Terminals()
-        return self._kept.setdefault(session, Terminals())
+        kept = self._kept.get(session)
+        if kept is None or kept[0] is not conn:
+            kept = self._kept[session] = conn, Terminals()
+        return kept[1]
 
     async def _turn_ended(self, session: str, terminals: Terminals | None) -> None:
         """A turn's own terminals are killed with it; a session's are kept while it has any."""
         if terminals is None:
             return
-        if self._kept.get(session) is terminals:
+        kept = self._kept.get(session)
+        if kept is not None and kept[1] is terminals:
             if not terminals:
                 del self._kept[session]
             return
@@ -387,20 +392,23 @@ class AcpDialect(Dialect):
         if kept is None or session in self._turns:
             # A running turn's set is closed when the turn ends (it is no longer the session's).
             return
-        kept.kill()
-        closing = asyncio.get_running_loop().create_task(kept.close(), name=f"{self.name}-terminals")
+        terminals = kept[1]
+        terminals.kill()
+        closing = asyncio.get_running_loop().create_task(terminals.close(), name=f"{self.name}-terminals")
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
     # -- the child's life ------------------------------------------------------------------
 
     def keeps_child(self) -> str | None:
-        running = sum(terminals.running() for terminals in self._kept.values())
+        running = sum(terminals.running() for _, terminals in self._kept.values())
         return f"{running} terminal(s) its sessions keep still run" if running else None
 
     async def ended(self, conn: Connection) -> None:
-        """The agent's child ended: the terminals its sessions kept are killed (no one can release them now)."""
-        kept, self._kept = list(self._kept.values()), {}
+        """The agent's child on `conn` ended: the terminals its sessions kept are killed (no one can release them
+        now). A child started since keeps its own."""
+        ended = [session for session, (owner, _) in self._kept.items() if owner is conn]
+        kept = [self._kept.pop(session)[1] for session in ended]
         for terminals in kept:
             terminals.kill()
         await asyncio.gather(*(terminals.close() for terminals in kept), *self._closing, return_exceptions=True)

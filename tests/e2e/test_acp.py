@@ -279,12 +279,17 @@ async def test_a_session_s_terminal_outlives_its_turn_and_keeps_its_agent_until_
     assert made == ["made term-1"] and peek == ["output 'started\\n' exit running"] and released == ["released"]
 
 
+async def kept_command(rig: Rig, http: aiohttp.ClientSession, name: str) -> tuple[str, int]:
+    """A new session of `keeper` whose agent started a command in a terminal the session keeps: the session, and
+    the command's pid."""
+    session = await new_session(rig, http, "alice", "keeper")
+    await rig.said(http, "alice", session, background(rig.root / f"{name}.pid"), "keeper")
+    return session, await started(rig.root / f"{name}.pid")
+
+
 async def test_a_session_s_terminal_ends_with_its_agent(rig: Rig) -> None:
-    pid_file = rig.root / "restarted.pid"
     async with aiohttp.ClientSession() as http:
-        session = await new_session(rig, http, "alice", "keeper")
-        await rig.said(http, "alice", session, background(pid_file), "keeper")
-        pid = await started(pid_file)
+        session, pid = await kept_command(rig, http, "restarted")
         code, _, err = await gatewayctl(rig.root, "restart", "keeper")
         assert code == 0, err
         await eventually(lambda: process_gone(pid), what="the terminal ends with the agent that kept it")
@@ -326,11 +331,8 @@ async def test_a_client_lists_configures_closes_and_resumes_only_its_own_session
 
 
 async def test_closing_a_session_ends_the_terminals_it_kept(rig: Rig) -> None:
-    pid_file = rig.root / "closed.pid"
     async with aiohttp.ClientSession() as http:
-        session = await new_session(rig, http, "alice", "keeper")
-        await rig.said(http, "alice", session, background(pid_file), "keeper")
-        pid = await started(pid_file)
+        session, pid = await kept_command(rig, http, "closed")
         closed = await rig.call(http, "alice", "keeper.session/close", {"sessionId": session})
         await eventually(lambda: process_gone(pid), what="the closed session's terminal ends")
     assert closed["result"] == {}
