@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import admin, surfaces, systemd, tasks
+from gatewayd import admin, elicitations, surfaces, systemd, tasks
 from gatewayd.approvals import Approvals
 from gatewayd.audit import AuditLog
 from gatewayd.catalog import Catalog, tell_tools_changed
@@ -164,8 +164,11 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
                 needed=lambda name: gateway.surfaces.holds(name))
 
     def told(name: str, message: dict[str, Any]) -> None:
-        if message.get("method") == tasks.STATUS:
+        method = message.get("method")
+        if method == tasks.STATUS:
             gateway.tasks.tell(name, message, state.generation.tokens.principal)
+        elif method == elicitations.COMPLETE:
+            gateway.relay.url_elicitations.completed(name, message)
         else:
             surfaces.tell(sessions, state.generation.tokens, name, message)
 

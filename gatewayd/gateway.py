@@ -29,6 +29,7 @@ from gatewayd.authorize import authorize, still_allowed
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.catalog import Catalog
 from gatewayd.confirmation import ConfirmationGate
+from gatewayd.elicitations import URL_ELICITATION_REQUIRED
 from gatewayd.errors import (
     GatewayError,
     InternalError,
@@ -196,6 +197,9 @@ class Gateway:
         except GatewayError as exc:
             # What the caller got, and whose error it was: a tool server's own error is not the gateway's failure.
             self.records.outcome(call, exc.error_type, error_code=exc.caller_code(), error_source=exc.source)
+            if isinstance(exc, UpstreamError) and exc.caller_code() == URL_ELICITATION_REQUIRED:
+                # The caller is to complete an elicitation first: its completion, when told, is for this session.
+                self.relay.url_elicitations.required(target.server.name, exc.error, call.ctx.session)
             raise
         except asyncio.CancelledError:
             self.records.outcome(call, "cancelled")

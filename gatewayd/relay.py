@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gatewayd.calls import CallContext, request_key
+from gatewayd.elicitations import UrlElicitations
 from gatewayd.errors import UpstreamError
 from gatewayd.jsonrpc import Response
 from gatewayd.records import Records
@@ -157,6 +158,8 @@ class Relay:
         # (MAX_RELAYED_PER_CALL).
         self._per_call: dict[object, int] = {}
         self._ids = itertools.count(1)
+        # URL-mode elicitations put to sessions, for the completion their servers may send later.
+        self.url_elicitations = UrlElicitations()
 
     def __len__(self) -> int:
         return len(self._relayed)
@@ -218,6 +221,8 @@ class Relay:
         if isinstance(params, dict):
             outbound["params"] = {name: value for name, value in params.items() if name != "_meta"}
         ctx.emit(outbound)
+        if kind == ELICITATION:
+            self.url_elicitations.asked(server, params, ctx.session)
         return None
 
     def answer(self, ctx: CallContext, response: Response) -> bool:

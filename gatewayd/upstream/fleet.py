@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gatewayd.config.models import ServerConfig
+from gatewayd.elicitations import COMPLETE as ELICITATION_COMPLETE
 from gatewayd.errors import InvalidRequest, Overloaded, ToolServerUnavailable
 from gatewayd.sessions import SESSION_ID_SHOWN
 from gatewayd.upstream.api import ANYONE, Delivery, ToolDef
@@ -34,7 +35,7 @@ from gatewayd.upstream.server import State, ToolServer
 logger = logging.getLogger(__name__)
 
 # The notifications of an owner's child that concern its owner's calls and subscriptions, and are passed on.
-OWNER_EVENTS = frozenset({"notifications/resources/updated", "notifications/tasks/status"})
+OWNER_EVENTS = frozenset({"notifications/resources/updated", "notifications/tasks/status", ELICITATION_COMPLETE})
 
 
 class ChildBudget:

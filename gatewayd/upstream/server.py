@@ -26,6 +26,7 @@ from typing import Any
 from gatewayd.config.loader import exposed_prefix
 from gatewayd.config.models import ServerConfig
 from gatewayd.deadlines import Deadlines
+from gatewayd.elicitations import COMPLETE as ELICITATION_COMPLETE
 from gatewayd.errors import (
     GatewayError,
     Overloaded,
@@ -392,6 +393,9 @@ class ToolServer:
                 self._surfaces.pop(kind, None)
             if self._on_surface_event is not None:
                 self._on_surface_event(self.name, message)
+        elif method == ELICITATION_COMPLETE and self._on_surface_event is not None:
+            # For the session the elicitation was put to (elicitations.py).
+            self._on_surface_event(self.name, message)
         elif method == "notifications/message":
             logger.info("server=%s log: %.500s", self.tag, message.get("params"))
         else:

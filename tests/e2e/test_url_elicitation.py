@@ -1,0 +1,164 @@
+"""A tool server's URL-mode elicitations and their completion, through the real daemon (gatewayd/elicitations.py).
+
+A scripted child (tests/fixtures/askersrv.py) asks a session for a URL-mode elicitation during a call, or answers a
+call with URLElicitationRequiredError (-32042); later it sends `notifications/elicitation/complete`. The session
+that was asked hears it on its own stream, once; another session does not; an id nobody was asked is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from tests.daemon import REPO, Daemon, python_command, write_config
+from tests.e2e.test_mcp_sdk import (
+    ACCEPT,
+    LEGACY_VERSION,
+    SESSION_HEADER,
+    TEST_DEADLINE,
+    VERSION_HEADER,
+    bearer,
+    http_session,
+    mcp_post,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ASKERSRV: Final = REPO / "tests" / "fixtures" / "askersrv.py"
+COMPLETE: Final = "notifications/elicitation/complete"
+
+
+@dataclass
+class Rig:
+    daemon: Daemon
+    token: str
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
+    root = tmp_path_factory.mktemp("url-elicitation")
+    server = python_command(str(ASKERSRV)) + '\nrelay = ["elicitation"]\n'
+    tokens = write_config(root, {"ask": server}, '[roles.agent]\nallow = ["ask.*"]\n', {"agent": ["agent"]})
+    async with Daemon(root) as daemon:
+        yield Rig(daemon, tokens["agent"])
+
+
+def url_elicitation(elicitation_id: str) -> dict[str, Any]:
+    return {"mode": "url", "elicitationId": elicitation_id, "url": f"https://example.test/{elicitation_id}",
+            "message": "Sign in to the example service"}
+
+
+def complete(elicitation_id: str) -> dict[str, Any]:
+    return {"method": COMPLETE, "params": {"elicitationId": elicitation_id}}
+
+
+class Caller:
+    """One MCP session that declared URL-mode elicitation, with its GET stream open."""
+
+    def __init__(self, http: aiohttp.ClientSession, rig: Rig) -> None:
+        self.http, self.rig = http, rig
+        self.session_id = ""
+        self.stream: aiohttp.ClientResponse | None = None
+
+    async def start(self) -> Caller:
+        init = await mcp_post(self.http, self.rig.daemon.url, self.rig.token, {
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {"elicitation": {"url": {}}},
+                       "clientInfo": {"name": "raw", "version": "1"}}})
+        self.session_id = init.headers[SESSION_HEADER]
+        await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.stream = await self.http.get(self.rig.daemon.url,
+                                          headers={**self.headers(), "Accept": "text/event-stream"})
+        assert self.stream.status == 200
+        return self
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": bearer(self.rig.token), "Content-Type": "application/json", "Accept": ACCEPT,
+                SESSION_HEADER: self.session_id, VERSION_HEADER: LEGACY_VERSION}
+
+    async def post(self, message: dict[str, Any]) -> int:
+        async with self.http.post(self.rig.daemon.url, json=message, headers=self.headers()) as response:
+            await response.read()
+            return response.status
+
+    async def call(self, arguments: dict[str, Any], answer: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Call the child's `ask`; each request it relays is answered with `answer`. The call's own answer."""
+        message = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "ask__ask",
+                                                                               "arguments": arguments}}
+        async with self.http.post(self.rig.daemon.url, json=message, headers=self.headers()) as response:
+            if response.content_type == "application/json":
+                return await response.json()  # type: ignore[no-any-return]
+            async for event in _events(response):
+                if event.get("id") == 9 and "method" not in event:
+                    return event
+                if event.get("method") == "elicitation/create":
+                    assert answer is not None
+                    await self.post({"jsonrpc": "2.0", "id": event["id"], "result": answer})
+        raise AssertionError("the call's stream ended without its answer")
+
+    async def heard(self) -> dict[str, Any]:
+        """The next message on the session's GET stream."""
+        assert self.stream is not None
+        async for event in _events(self.stream):
+            return event
+        raise AssertionError("the GET stream ended")
+
+
+async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    async for line in response.content:
+        if line.startswith(b"data:") and line[5:].strip():
+            yield json.loads(line[5:])
+
+
+@asynccontextmanager
+async def callers(rig: Rig) -> AsyncIterator[tuple[Caller, Caller]]:
+    async with asyncio.timeout(TEST_DEADLINE), http_session() as http:
+        first, second = await Caller(http, rig).start(), await Caller(http, rig).start()
+        try:
+            yield first, second
+        finally:
+            for caller in (first, second):
+                if caller.stream is not None:
+                    caller.stream.close()
+
+
+async def test_a_completion_reaches_only_the_session_asked_and_only_once(rig: Rig) -> None:
+    async with callers(rig) as (alice, bob):
+        for caller, name in ((alice, "el-a"), (bob, "el-b")):
+            asked = await caller.call({"send": [{"id": f"ask-{name}", "method": "elicitation/create",
+                                                 "params": url_elicitation(name)}], "expect": 1},
+                                      answer={"action": "accept"})
+            [reply] = json.loads(asked["result"]["content"][0]["text"])
+            assert reply["result"] == {"action": "accept"}
+        # Later, out of band, both complete; so does one nobody was asked; el-a is said twice.
+        await alice.call({"send": [complete("el-a"), complete("el-x"), complete("el-a"), complete("el-b")],
+                          "expect": 0})
+        told_alice = await alice.heard()
+        told_bob = await bob.heard()
+        # Alice's next is not a second el-a: a marker asked and completed after it comes first.
+        await alice.call({"send": [{"id": "ask-el-m", "method": "elicitation/create",
+                                    "params": url_elicitation("el-m")}], "expect": 1}, answer={"action": "accept"})
+        await alice.call({"send": [complete("el-m")], "expect": 0})
+        then_alice = await alice.heard()
+    assert told_alice == {"jsonrpc": "2.0", "method": COMPLETE, "params": {"elicitationId": "el-a"}}
+    assert told_bob == {"jsonrpc": "2.0", "method": COMPLETE, "params": {"elicitationId": "el-b"}}
+    assert then_alice["params"] == {"elicitationId": "el-m"}
+
+
+async def test_a_url_elicitation_required_error_reaches_the_caller_and_its_completion_follows(rig: Rig) -> None:
+    error = {"code": -32042, "message": "Sign in first",
+             "data": {"elicitations": [url_elicitation("el-c")]}}
+    async with callers(rig) as (alice, _bob):
+        answered = await alice.call({"fail": error})
+        await alice.call({"send": [complete("el-c")], "expect": 0})
+        told = await alice.heard()
+    assert answered["error"] == error  # the server's own error, verbatim: the client knows what to open
+    assert told == {"jsonrpc": "2.0", "method": COMPLETE, "params": {"elicitationId": "el-c"}}
