@@ -74,6 +74,8 @@ RELAYED_CAPABILITIES: dict[str, Any] = {
 # the gateway hosts (hosted.py).
 HOSTED_TASKS: Final[dict[str, Any]] = {"requests": {"sampling": {"createMessage": {}}, "elicitation": {"create": {}}},
                        "list": {}, "cancel": {}}
+# How a legacy child cancels a request of its own (cancellation.mdx).
+CANCELLED: Final = "notifications/cancelled"
 # The requests a child may send its client that the relay takes.
 RELAYED_METHODS = frozenset({"sampling/createMessage", "elicitation/create", "roots/list"})
 # A plain JSON-RPC result's text for the model.
@@ -195,6 +197,9 @@ class McpDialect(Dialect):
         self._cancels: set[asyncio.Task[Any]] = set()
         # The tasks this legacy child asked the gateway to host (hosted.py), made anew for each child.
         self._hosted: HostedTasks | None = None
+        # Its requests put to a caller and not answered yet, by its own id: each one's withdrawal, should the child
+        # cancel it (`notifications/cancelled`); made anew for each child.
+        self._asking: dict[str | int, asyncio.Future[None]] = {}
         # What this modern child's `server/discover` says it offers (its capabilities), and whether that includes the
         # tasks extension (it may make tasks of its own).
         self._offers: dict[str, Any] = {}
@@ -298,8 +303,9 @@ class McpDialect(Dialect):
     async def handshake(self, conn: Connection, tag: str) -> list[ToolDef] | None:
         timeout = self.config.startup_timeout
         self.modern = await self._speaks_modern(conn, tag)
-        # Its hosted tasks are this child's alone: a legacy child gets a table of its own below, a modern one none.
+        # Its hosted tasks and open requests are this child's alone: a legacy child gets a table of its own below.
         self._hosted = None
+        self._asking = {}
         self._spoken = True
         if self.modern:
             tools = await self.list_tools(conn, tag)
@@ -457,7 +463,15 @@ class McpDialect(Dialect):
         return result
 
     def on_notification(self, message: dict[str, Any]) -> bool:
-        """A modern child's notifications come on the gateway's listen (listening.py)."""
+        """A legacy child cancelling a request of its own that a caller was asked: the question is withdrawn. A
+        modern child's notifications come on the gateway's listen (listening.py)."""
+        if message.get("method") == CANCELLED:
+            params = message.get("params")
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            withdrawn = self._asking.pop(request_id, None) if isinstance(request_id, str | int) else None
+            if withdrawn is not None and not withdrawn.done():
+                withdrawn.set_result(None)
+            return True
         return self.modern and self._listening.taken(message)
 
     async def call_method(self, conn: Connection, method: str, params: Any, timeout: float, how: Delivery) -> Any:
@@ -505,7 +519,22 @@ class McpDialect(Dialect):
         else as it is."""
         if self._hosted is not None and hosted.augmented(message):
             return self._hosted.take(message, ask)
-        return ask(message, conn.reply, None)
+        child_id = message.get("id")
+        if not isinstance(child_id, str | int):
+            return ask(message, conn.reply, None)
+        withdrawn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asking[child_id] = withdrawn
+
+        def reply(answer: dict[str, Any]) -> bool:
+            if self._asking.get(child_id) is withdrawn:
+                del self._asking[child_id]
+            # A request the child cancelled gets no response (cancellation.mdx): the question's end is the caller's.
+            return True if withdrawn.done() else conn.reply(answer)
+
+        refused = ask(message, reply, withdrawn)
+        if refused is not None and self._asking.get(child_id) is withdrawn:
+            del self._asking[child_id]
+        return refused
 
     offers_surfaces = True
 

@@ -4,7 +4,9 @@ A scripted child (tests/fixtures/askersrv.py) sends its client what each test sa
 reply it got; a raw HTTP client that declared sampling is the caller, answering (or not) by hand. Every request of
 the child gets exactly one reply, never none: when the client does not answer within `relay_timeout` (set short
 here), when the caller cancels the call or disconnects, for an unknown method, bad params, a reused id, or past the
-per-call limit. A client answering a request that was not put to its session, or answering twice, is dropped.
+per-call limit — but for one the child cancels itself, which is withdrawn from the caller and answered to no one.
+A client answering a request that was not put to its session, or answering twice, is dropped. A request the child
+sent as a task and then cancelled is withdrawn from the caller too.
 """
 
 from __future__ import annotations
@@ -228,3 +230,20 @@ async def test_a_question_the_child_sent_as_a_task_and_then_cancelled_is_withdra
     assert created["id"] == "h1" and created["result"]["task"]["status"] == "working"
     assert cancelled["result"]["status"] == "cancelled"
     assert [reply for reply in rig.told() if reply["id"] == "h1"] == [created]
+
+
+async def test_a_question_the_child_cancels_is_withdrawn_from_its_caller_and_the_child_gets_no_answer(
+        rig: Rig) -> None:
+    async with caller(rig) as client:
+        cancel = {"method": "notifications/cancelled", "params": {"requestId": "x1", "reason": "no longer needed"}}
+        async with client.streaming(client.call([sampling("x1"), cancel], 0)) as stream:
+            asked = await stream.relayed()
+            withdrawn = await stream.next()
+            result = await stream.next()
+        # The caller answers all the same: dropped, and the child, which cancelled it, is sent nothing.
+        assert await client.answer(asked["id"], ANSWER) == 202
+        assert await client.ask([], 0) == []
+    assert withdrawn == {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                         "params": {"requestId": asked["id"], "reason": "withdrawn"}}
+    assert json.loads(result["result"]["content"][0]["text"]) == []
+    assert [reply for reply in rig.told() if reply["id"] == "x1"] == []
