@@ -444,6 +444,11 @@ def _status(args: argparse.Namespace) -> int:
                  for child in server.get("children", ())]
     rows += [_server_row(f"{server['name']} (retiring)", server) for server in body["retiring"]]
     _print_table(rows)
+    for name, server in body["servers"].items():
+        for child in (server, *server.get("children", ())):
+            if child.get("kept_by"):
+                owner = f" [{server['isolation']} {child['owner']}]" if child is not server else ""
+                _say(f"{name}{owner} runs on while idle: {child['kept_by']}")
     for session in body["session_list"]:
         stream = "  GET stream open" if session["stream_open"] else ""
         _say(f"session {session['id']}…  client {session['client']}  MCP {session['version']}  "

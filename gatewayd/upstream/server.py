@@ -260,7 +260,7 @@ class ToolServer:
     async def _stop_if_idle(self, conn: Connection) -> bool:
         if self._active or conn.in_flight or time.monotonic() - self._last_activity < self.config.idle_timeout:
             return False
-        kept = "sessions hold subscriptions at it" if self._kept() else self.dialect.keeps_child()
+        kept = self.kept_by()
         if kept:
             logger.info("server=%s pid=%d idle for %gs, kept: %s", self.tag, conn.pid, self.config.idle_timeout, kept)
             self._touch()
@@ -287,6 +287,10 @@ class ToolServer:
             self.state = State.STOPPED
             if self.retired is None and self._kept() and (self._revive is None or self._revive.done()):
                 self._revive = asyncio.create_task(self._revived(), name=f"{self.name}-revive")
+
+    def kept_by(self) -> str | None:
+        """Why the child runs though no call does, if something else keeps it: what it is kept for, else None."""
+        return "sessions hold subscriptions at it" if self._kept() else self.dialect.keeps_child()
 
     def _kept(self) -> bool:
         """Whether sessions hold resource subscriptions at this server's child."""
@@ -571,6 +575,8 @@ class ToolServer:
             "restarts": self.restarts,
             "last_exit": self.last_exit,
             "uptime_s": round(time.time() - self.started_at, 3) if self.pid and self.started_at else None,
+            # What keeps a running child from its idle stop (an agent's kept terminals, held subscriptions).
+            "kept_by": self.kept_by() if self.pid else None,
         }
 
 

@@ -273,6 +273,9 @@ async def test_a_session_s_terminal_outlives_its_turn_and_keeps_its_agent_until_
         # Idle for longer than its idle_timeout (1 s), with a command of its session running: kept.
         await rig.daemon.wait_log(rf"server=keeper gen=\d+ pid={agent} idle for 1s, kept: 1 terminal")
         assert not process_gone(pid)
+        code, status, err = await gatewayctl(rig.root, "status")
+        assert code == 0, err
+        assert "keeper runs on while idle: 1 terminal(s) its sessions keep still run" in status
         released = await rig.said(http, "alice", session, "release term-1", "keeper")
         await eventually(lambda: process_gone(pid), what="the released terminal's command ends")
         await rig.daemon.wait_log(rf"server=keeper gen=\d+ pid={agent} idle for 1s, stopping")
