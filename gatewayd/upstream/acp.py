@@ -16,7 +16,9 @@ log lines). Also:
     wait for a person does not count as silence; a turn that ends by timeout or cancel is told
     `session/cancel`;
   - `session/update` notifications routed, in order, to the caller of the turn of that session (as they
-    are for a direct call, as progress and log lines for the tool), at most MAX_TURN_UPDATES a turn;
+    are for a direct call, as progress and log lines for the tool), at most MAX_TURN_UPDATES a turn; one sent
+    between the session's turns (the commands a new session offers, a title) held for its next turn, at most
+    MAX_HELD_UPDATES held across the agent's sessions;
   - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
     `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
     `Delivery.host` (agents.py: policy, the confirmation gate, audit); anything else, and anything
@@ -33,6 +35,7 @@ per-client children (fleet.py).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -78,6 +81,8 @@ TERMINAL = frozenset({"terminal/create", "terminal/output", "terminal/wait_for_e
 UPDATE = "session/update"
 # A turn's updates passed on to its caller: an agent that floods is cut off there (its result still arrives).
 MAX_TURN_UPDATES = 10_000
+# Updates an agent sends between its sessions' turns kept for their next turns, across its sessions.
+MAX_HELD_UPDATES = 64
 # The agent's words a `prompt` tool result carries; the rest is cut, and the result says so.
 MAX_TURN_TEXT = 1024 * 1024
 # Sessions of one agent whose owner the gateway remembers; an agent that hands out more has the oldest forgotten.
@@ -141,6 +146,8 @@ class AcpDialect(Dialect):
         self._kept: dict[str, tuple[Connection, Terminals]] = {}
         # Kept terminals of sessions forgotten while the agent runs, being killed (awaited by `ended`).
         self._closing: set[asyncio.Task[None]] = set()
+        # Updates of its sessions sent between their turns, oldest first, for each session's next turn.
+        self._between: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(maxlen=MAX_HELD_UPDATES)
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -265,6 +272,9 @@ class AcpDialect(Dialect):
                                                             "running a turn: wait for it, or cancel it"})
         call_id = conn.new_id()
         turn = self._turns[session] = _Turn(call_id, conn, how, tool, terminals=self._terminals_for(session, conn))
+        for held in self._held(session):
+            # What the agent said of the session between turns comes first, as the caller would have heard it.
+            self.on_notification(held)
         try:
             result = await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
                                      silence=self.config.silence_for(method), large=how.large)
@@ -309,9 +319,10 @@ class AcpDialect(Dialect):
         if message.get("method") != UPDATE:
             return False
         params = message.get("params")
-        turn = self._turns.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
+        session = str(params.get("sessionId")) if isinstance(params, dict) else ""
+        turn = self._turns.get(session)
         if turn is None:
-            logger.debug("server=%s update of no turn dropped", self.name)
+            self._hold(session, message)
             return True
         turn.conn.touch(turn.call_id)
         turn.updates += 1
@@ -325,6 +336,26 @@ class AcpDialect(Dialect):
         elif turn.how.on_event is not None:
             turn.how.on_event(message)
         return True
+
+    def _hold(self, session: str, message: dict[str, Any]) -> None:
+        """An update between turns (the commands a new session offers, a title made after a turn): kept for the
+        session's next turn, if the session is someone's; past MAX_HELD_UPDATES the oldest is dropped."""
+        if session not in self._owners:
+            logger.debug("server=%s update of no session a client holds dropped", self.name)
+            return
+        update = message["params"].get("update")
+        kind = update.get("sessionUpdate") if isinstance(update, dict) else None
+        logger.info("server=%s session %.16s… %.64s between turns: held for its next turn", self.name, session,
+                    kind)
+        self._between.append((session, message))
+
+    def _held(self, session: str) -> list[dict[str, Any]]:
+        """The updates held for `session`, taken."""
+        held = [message for owner, message in self._between if owner == session]
+        if held:
+            self._between = collections.deque(((owner, message) for owner, message in self._between
+                                               if owner != session), maxlen=MAX_HELD_UPDATES)
+        return held
 
     def _tool_update(self, turn: _Turn, message: dict[str, Any]) -> None:
         """An update of a turn run by the `prompt` tool: its words kept for the result, and the caller told."""

@@ -7,8 +7,9 @@ web page's API, and answered by the caller's own user through MCP elicitation (t
 and writes are served under the caller's `path_under` rule; `terminal/*` is refused; a terminal ends with the turn
 that made it, or (`terminal_lifetime = "session"`) is there for the session's later turns, keeps its agent from
 idling out until released, and ends with its agent or its session's close; a client lists, configures, closes
-and resumes its own sessions only; an agent that exits mid-turn fails the turn at once with its
-exit status; a session's agent stops when the session ends; no agent process survives the daemon.
+and resumes its own sessions only; what an agent says between turns comes with the next; an agent that exits
+mid-turn fails the turn at once with its exit status; a session's agent stops when the session ends; no agent
+process survives the daemon.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitResult
 
 from gatewayd.tokens import hash_token, new_token
+from gatewayd.upstream.acp import MAX_HELD_UPDATES
 from tests.daemon import REPO, Daemon, gatewayctl, headers, pending_approvals, python_command, rpc, write_config
 from tests.e2e.test_mcp_sdk import SDK_READ_TIMEOUT, bearer, sse_messages
 from tests.waiting import POLL_INTERVAL, eventually, process_gone
@@ -351,6 +353,30 @@ async def test_an_agent_that_exits_mid_turn_fails_the_turn_at_once(rig: Rig) -> 
     # Bob's own agent: its last words are his to see (a shared child's stay in the daemon's log).
     assert "agent: exiting in the middle of a turn, as told" in failed["error"]["data"]["stderr_tail"]
     assert again == ["back"]
+
+
+async def test_what_an_agent_says_between_turns_comes_at_the_start_of_the_next(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "bob", "pool")
+        quiet = await rig.turn_on(http, "bob", "pool", session, "later said between turns")
+        await rig.daemon.wait_log(rf"server=pool session {session[:16]}… agent_message_chunk between turns: held")
+        then = await rig.said(http, "bob", session, "echo now", "pool")
+    assert quiet["result"] == {"stopReason": "end_turn"} and then == ["said between turns", "now"]
+
+
+async def test_past_its_bound_the_oldest_update_between_turns_is_dropped(rig: Rig) -> None:
+    spoken = MAX_HELD_UPDATES + 6
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "bob", "pool")
+        await rig.turn_on(http, "bob", "pool", session, f"later-count {spoken}")
+
+        def held() -> int:
+            return sum(f"session {session[:16]}… agent_message_chunk between turns: held" in line
+                       for line in rig.daemon.logs)
+
+        await eventually(lambda: held() == spoken, what="every update between turns arrived")
+        then = await rig.said(http, "bob", session, "echo now", "pool")
+    assert then == [str(number) for number in range(6, spoken)] + ["now"]
 
 
 async def test_a_flood_of_updates_still_ends_with_the_turn_s_result(rig: Rig) -> None:
