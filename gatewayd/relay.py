@@ -19,8 +19,10 @@ flight) and hands it, with that call's `Caller` (built here, carried by the call
     the request was not put to, is dropped and logged;
   - every other ending answering the child with an error, never a hang: RELAY_TIMEOUT passing, the
     call finishing (answered, timed out, cancelled by the caller, failed, its server retired by a
-    reload or exited), the caller disconnecting, its session ending. The client is then told
-    `notifications/cancelled` for the id it was asked under;
+    reload or exited), the caller disconnecting, its session ending; or the child withdrawing it (its own
+    `notifications/cancelled`, or cancelling the task it sent it as: the dialect then writes it nothing).
+    The client is then told `notifications/cancelled` for the id it was asked under;
+  - which session each URL-mode elicitation was put to, for its completion (elicitations.py);
   - one audit record per relayed request (records.py `relayed`): server, kind, client, outcome, the
     params summarized.
 
