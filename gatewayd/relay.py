@@ -293,8 +293,9 @@ class Relay:
             self._per_call[relayed.scope] = left
         sent = relayed.reply(reply)
         emit = relayed.ctx.emit
-        if tell_client and emit is not None and outcome not in ("disconnected", "session_ended"):
-            # Settled without the client's answer: let it close its question.
+        if tell_client and emit is not None and outcome != "session_ended":
+            # Settled without the client's answer: let it close its question (a client that lost its connection
+            # hears it if it takes its stream up again: resumable.py).
             emit({"jsonrpc": "2.0", "method": "notifications/cancelled",
                   "params": {"requestId": relayed.gateway_id, "reason": outcome}})
         logger.info("client=%s server=%s %s %s: %s%s", relayed.ctx.principal.name, relayed.server,

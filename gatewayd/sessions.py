@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from gatewayd.errors import TooManySessions
 from gatewayd.once import Once
+from gatewayd.resumable import Replays
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class Session:
     stream_open: bool = False
     # (server, uri) of each resource this session subscribed to (surfaces.py): who hears `resources/updated`.
     subscriptions: set[tuple[str, str]] = field(default_factory=set)
+    # Its calls' event streams kept for a client that reconnects with `Last-Event-ID` (resumable.py).
+    replays: Replays = field(default_factory=Replays)
     # The session ends (DELETE, expiry): pending approvals of its calls are withdrawn.
     _ended: Once = field(default_factory=Once)
 

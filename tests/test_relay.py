@@ -225,7 +225,8 @@ async def test_every_ending_answers_the_child_with_an_error(rig: Rig, ending: st
     outcome = {"disconnected": "disconnected", "session_ended": "session_ended"}.get(ending, "call_finished")
     [record] = await rig.records()
     assert record["outcome"] == outcome
-    if ending.startswith("call"):
+    if ending != "session_ended":
+        # A client that lost its connection hears it too, if it takes its call's stream up again (resumable.py).
         assert rig.sent[-1]["method"] == "notifications/cancelled"
     # Nothing fires twice: the timer was cancelled with the rest.
     await asyncio.sleep(0.3)

@@ -24,6 +24,7 @@ from gatewayd.errors import GatewayError, HttpError, InvalidRequest
 from gatewayd.gateway import Gateway
 from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
+from gatewayd.resumable import Replay
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session
 from gatewayd.state import DaemonState
 from gatewayd.web import bodies, limits, modern, sse
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
+# A reconnecting client names the last event it got (resumable.py).
+LAST_EVENT_ID = "Last-Event-ID"
 # Distinct Accept headers whose parse is remembered.
 ACCEPT_CACHE = 64
 # Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones in a worker thread.
@@ -204,7 +207,7 @@ async def _answer_streamable(
     both): the smaller form for both sides, as the 2026-07-28 path answers too."""
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
     stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines,
-                            client=ctx.principal.name)
+                            client=ctx.principal.name, replays=ctx.session.replays if ctx.session else None)
     ctx.emit = stream.emit
     plain = functools.partial(_json, session=ctx.session) if json_ok else None
     return await stream.answer(_answer(state.gateway, ctx, message), plain)
@@ -220,6 +223,9 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
         raise HttpError(406, "Accept must allow text/event-stream")
     session = _session_for(request, principal, required=True)
     assert session is not None
+    resumed = session.replays.find(request.headers.get(LAST_EVENT_ID))
+    if resumed is not None:
+        return await _resume(request, session, *resumed, state.settings.sse_keepalive)
     if session.stream_open:
         raise HttpError(409, "this session already has an open GET stream")
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
@@ -231,6 +237,25 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
         logger.debug("client=%s GET stream closed", principal.name)
     finally:
         session.stream_open = False
+    return response
+
+
+async def _resume(request: web.Request, session: Session, replay: Replay, after: int,
+                  keepalive: float) -> web.StreamResponse:
+    """A GET with the `Last-Event-ID` of one of the session's call streams: every event of it after that one, the
+    rest as it comes, its answer last; then this response ends (resumable.py)."""
+    if replay.reading:
+        raise HttpError(409, "this stream is being resumed on another connection")
+    response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
+    await response.prepare(request)
+    replay.reading = True
+    try:
+        await replay.send(response.write, after, keepalive, sse.KEEPALIVE)
+        session.replays.delivered(replay)
+    except ConnectionError:
+        logger.debug("client=%s resumed stream %s closed again", session.client, replay.id)
+    finally:
+        replay.reading = False
     return response
 
 

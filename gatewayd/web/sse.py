@@ -1,7 +1,8 @@
 """Server-Sent Events: framing, and answering one call as an event stream.
 
 Owns the wire form of an event (one single-line JSON per `data:`), keep-alive comments, and
-`CallStream`: the answer to one call that may emit notifications before its result. A call
+`CallStream`: the answer to one call that may emit notifications before its result (in a 2025 session, with
+event ids and what a dropped connection did not get kept for a reconnection: resumable.py). A call
 that finishes before it emits anything, or before the first keep-alive is due, is answered
 with the whole stream in one body (one write, with a length), or as plain JSON when its
 caller gives a way to make that (a client that accepts JSON); only a call that has something
@@ -19,7 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
+from gatewayd import jsontext, resumable
 from gatewayd.deadlines import Deadlines
+from gatewayd.resumable import Replay, Replays
 from gatewayd.web import aiohttp_hooks, bodies
 
 logger = logging.getLogger(__name__)
@@ -43,9 +46,13 @@ class CallStream:
     client did not get (a stream closed early, notifications dropped) is logged under `client` at the end."""
 
     def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines, *,
-                 client: str) -> None:
+                 client: str, replays: Replays | None = None) -> None:
         self._request = request
         self._client = client
+        # A session's streams kept for resumption (resumable.py): an open stream gets ids, and what it cannot
+        # deliver is kept. None: a stream without ids (no session, or the 2026-07-28 era).
+        self._replays = replays
+        self._replay: Replay | None = None
         # The caller's own headers; the SSE ones are added only when the answer is SSE (most calls end unopened,
         # and a client that takes JSON then gets JSON: mcp_http.py).
         self._headers = headers
@@ -71,7 +78,7 @@ class CallStream:
         """Send a notification of the call: written at once on an open stream whose pump waits with nothing queued
         and whose client keeps up (no loop turn for the pump), else queued for the pump, opening the stream if it is
         not open yet."""
-        if self.broken:
+        if self.broken and self._replay is None:
             return
         if len(self._events) >= QUEUE_LIMIT:
             self.dropped += 1
@@ -81,6 +88,10 @@ class CallStream:
         except ValueError:  # UnicodeEncodeError among them: dropped whole rather than sent broken; the call goes on
             self.unsendable += 1
             return
+        if self._replays is not None:
+            event = self._resumable().framed(event)
+        if self.broken:
+            return  # kept for the client's reconnection
         waiter, response = self._waiter, self._response
         if waiter is not None and not waiter.done() and not self._events and response is not None:
             try:
@@ -88,15 +99,28 @@ class CallStream:
                     self._spoke = True
                     return
             except ConnectionError:
-                self.broken = True
+                self._broke()
                 return
         self._events.append(event)
         self._open()
         self._wake(False)
 
+    def _broke(self) -> None:
+        """The connection dropped: the call goes on, what it says kept for a reconnection if the stream has ids."""
+        self.broken = True
+        if self._replay is not None:
+            self._replay.detach()
+
     def _open(self) -> None:
         if self._pump is None and not self._finished:
             self._pump = asyncio.ensure_future(self._run())
+
+    def _resumable(self) -> Replay:
+        """The stream's replay, made when it first has something to say (most calls never open a stream)."""
+        if self._replay is None:
+            assert self._replays is not None
+            self._replay = self._replays.open()
+        return self._replay
 
     def _wake(self, idle: bool) -> None:
         waiter = self._waiter
@@ -110,6 +134,9 @@ class CallStream:
         loop = asyncio.get_running_loop()
         try:
             await response.prepare(self._request)
+            if self._replays is not None:
+                # Its id and `retry` first: a client that loses the connection from here on can reconnect.
+                await response.write(self._resumable().priming())
             while True:
                 if self._events:
                     events = self._events
@@ -130,7 +157,7 @@ class CallStream:
                 self._spoke = False
         except ConnectionError:
             # A dropped stream is not a cancellation (MCP 2025): the call goes on, its answer has nowhere to go.
-            self.broken = True
+            self._broke()
 
     async def answer(self, call: Awaitable[dict[str, Any]],
                      plain: Callable[[dict[str, Any]], web.StreamResponse] | None = None) -> web.StreamResponse:
@@ -153,7 +180,10 @@ class CallStream:
 
     def _log_losses(self) -> None:
         """Say what the client was not sent."""
-        if self.broken:
+        if self.broken and self._replay is not None:
+            logger.info("client=%s SSE stream closed before the answer: kept %gs for a reconnection (stream %s)",
+                        self._client, resumable.KEEP_S, self._replay.id)
+        elif self.broken:
             logger.info("client=%s SSE stream closed before the answer", self._client)
         if self.dropped:
             logger.warning("client=%s slow SSE reader: %d notifications dropped", self._client, self.dropped)
@@ -172,17 +202,39 @@ class CallStream:
             return whole(message, self._headers)  # nothing was streamed
         self._wake(False)
         await self._pump
-        assert self._response is not None
+        response, replay = self._response, self._replay
+        assert response is not None
         if not self.broken:
             try:
-                await bodies.write_event(self._response, message)
+                if replay is None:
+                    await bodies.write_event(response, message)
+                elif jsontext.carries_large_string(message):
+                    # Written in slices as it is encoded, not held whole for a reconnection as well.
+                    await response.write(replay.id_line())
+                    await bodies.write_event(response, message)
+                else:
+                    await response.write(replay.framed(bodies.event(message)))
             except ConnectionError:
-                self.broken = True
-        return self._response
+                self._broke()
+        elif replay is not None:
+            replay.framed(bodies.event(message))  # kept: the client may reconnect for it
+        self._ended(delivered=not self.broken)
+        return response
+
+    def _ended(self, *, delivered: bool) -> None:
+        """The call ended: a stream all of whose events reached the connection has nothing left to resume."""
+        replay = self._replay
+        if replay is None:
+            return
+        replay.end()
+        if delivered:
+            assert self._replays is not None
+            self._replays.delivered(replay)
 
     async def _abandon(self) -> None:
         """Stop the stream without a response (the call itself failed or was cancelled)."""
         self._stop()
+        self._ended(delivered=True)  # no answer to resume for
         if self._pump is not None:
             self._pump.cancel()
             await asyncio.gather(self._pump, return_exceptions=True)

@@ -1,0 +1,120 @@
+"""A 2025 session's call stream that loses its connection mid-call is taken up again with `Last-Event-ID`, through the
+real daemon (gatewayd/resumable.py, web/sse.py, web/mcp_http.py).
+
+The call (the fault fixture's `progress`: steps a moment apart, then its answer) opens its stream with a priming
+event (an id, `retry`, no data) and numbers every event; the client reads one step, drops the connection, and
+reconnects with a GET naming the last id it got: it is sent the steps it missed, then the answer, and that response
+ends. A stream the client never left is nobody else's to resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from gatewayd.resumable import RETRY_MS
+from tests.daemon import Daemon, faultsrv_command, write_config
+from tests.e2e.test_mcp_sdk import (
+    ACCEPT,
+    LEGACY_VERSION,
+    SESSION_HEADER,
+    TEST_DEADLINE,
+    VERSION_HEADER,
+    bearer,
+    http_session,
+    mcp_post,
+    raw_session,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+CALL_ID: Final = 41
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def daemon(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Daemon, str]]:
+    root = tmp_path_factory.mktemp("resumable")
+    tokens = write_config(root, {"fault": faultsrv_command("--mcp") + '\nprotocol = "mcp"\n'},
+                          '[roles.agent]\nallow = ["fault.*"]\n', {"agent": ["agent"]})
+    async with Daemon(root) as running:
+        yield running, tokens["agent"]
+
+
+async def events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The SSE events of a response as {id, retry, data}, comments skipped."""
+    event: dict[str, Any] = {}
+    async for raw in response.content:
+        line = raw.decode().rstrip("\r\n")
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            event[field] = value.removeprefix(" ")
+
+
+async def session(http: aiohttp.ClientSession, daemon: Daemon, token: str) -> dict[str, str]:
+    """A new session's headers, for raw requests."""
+    session_id = await raw_session(http, daemon.url, token)
+    return {"Authorization": bearer(token), "Content-Type": "application/json", "Accept": ACCEPT,
+            SESSION_HEADER: session_id, VERSION_HEADER: LEGACY_VERSION}
+
+
+def progress_call(steps: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": CALL_ID, "method": "tools/call",
+            "params": {"name": "fault__progress", "arguments": {"steps": steps, "interval": 0.2, "pause": 0.3},
+                       "_meta": {"progressToken": "p"}}}
+
+
+async def test_a_dropped_call_stream_is_taken_up_again_with_last_event_id(daemon: tuple[Daemon, str]) -> None:
+    running, token = daemon
+    async with asyncio.timeout(TEST_DEADLINE), http_session() as http:
+        headers = await session(http, running, token)
+        response = await http.post(running.url, json=progress_call(3), headers=headers)
+        assert response.content_type == "text/event-stream"
+        first: list[dict[str, Any]] = []
+        async for event in events(response):
+            first.append(event)
+            if "data" in event and event["data"]:
+                break  # the first step: then the connection is lost
+        response.close()
+        stream = first[0]["id"].split("-")[0]
+        await running.wait_log(rf"closed before the answer: kept 60s for a reconnection \(stream {stream}\)")
+        async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
+                                                  "Last-Event-ID": first[-1]["id"]}) as resumed:
+            assert resumed.status == 200
+            rest = [event async for event in events(resumed)]  # ends once the answer is sent
+    priming, step = first
+    assert priming == {"id": f"{stream}-0", "retry": str(RETRY_MS), "data": ""}
+    assert step["id"] == f"{stream}-1" and json.loads(step["data"])["params"]["message"].startswith("step 1")
+    messages = [json.loads(event["data"]) for event in rest]
+    assert [event["id"] for event in rest] == [f"{stream}-{number}" for number in range(2, 2 + len(rest))]
+    assert [message["params"]["message"].split()[:2] for message in messages[:2]] == [["step", "2"], ["step", "3"]]
+    assert messages[-1]["id"] == CALL_ID and messages[-1]["result"]["structuredContent"] == {"value": {"steps": 3}}
+
+
+async def test_a_stream_whose_connection_held_is_not_resumed(daemon: tuple[Daemon, str]) -> None:
+    running, token = daemon
+    async with asyncio.timeout(TEST_DEADLINE), http_session() as http:
+        headers = await session(http, running, token)
+        async with http.post(running.url, json=progress_call(2), headers=headers) as response:
+            whole = [event async for event in events(response)]
+        # Every event reached the client: nothing of that stream is sent again, and its id opens the session's own
+        # stream, whose first event is the next thing the session is told.
+        async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
+                                                  "Last-Event-ID": whole[-1]["id"]}) as standalone:
+            assert standalone.status == 200
+            changed = await mcp_post(http, running.url, token, {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                                                                "params": {"name": "fault__change_tools"}},
+                                     headers[SESSION_HEADER])
+            told = await anext(events(standalone))
+    assert whole[0]["data"] == "" and json.loads(whole[-1]["data"])["id"] == CALL_ID
+    assert changed.status == 200 and "id" not in told
+    assert json.loads(told["data"])["method"] == "notifications/tools/list_changed"
