@@ -47,7 +47,9 @@ class Replay:
     def __init__(self, stream_id: str) -> None:
         self.id = stream_id
         self._head = stream_id.encode("ascii")
-        self.events: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=MAX_EVENTS)
+        # While the first connection holds, the last LIVE_EVENTS (trimmed by the deque itself: this is on every
+        # streamed event's path); once it dropped, up to MAX_EVENTS.
+        self.events: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=LIVE_EVENTS)
         self._numbers = itertools.count(1)
         # The call ended: its answer is the last event. None while it runs; then time.monotonic() of its end.
         self.ended: float | None = None
@@ -65,21 +67,21 @@ class Replay:
         """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""
         number = next(self._numbers)
         framed = b"id: %s-%d\n%s" % (self._head, number, event)
-        events = self.events
-        events.append((number, framed))
-        if not self.detached and len(events) > LIVE_EVENTS:
-            events.popleft()
-        self._more.set()
+        self.events.append((number, framed))
+        if self.reading:
+            self._more.set()
         return framed
 
     def detach(self) -> None:
         """The first connection dropped: what it did not carry waits for a reconnection."""
-        self.detached = True
+        if not self.detached:
+            self.detached = True
+            self.events = collections.deque(self.events, maxlen=MAX_EVENTS)
 
     def end(self) -> None:
         """The call ended (its answer, if it has one, is framed already)."""
         self.ended = time.monotonic()
-        self._more.set()
+        self._more.set()  # a reconnection waiting for more: there is no more
 
     def id_line(self) -> bytes:
         """The next id, for an event written without being kept (an answer too large to hold twice)."""

@@ -69,11 +69,13 @@ async def test_a_reconnection_is_sent_what_follows_its_id_then_the_rest_as_it_co
         written.append(data)
         wrote.set()
 
+    replay.reading = True  # as the reconnecting GET marks it (web/mcp_http.py): the one reader
     sending = asyncio.ensure_future(replay.send(write, 1, keepalive=60.0, keepalive_frame=b": k\n\n"))
     await asyncio.wait_for(wrote.wait(), 5)
     assert written == [b"".join(framed for number, framed in replay.events if number > 1)]
     wrote.clear()
     replay.framed(b"event: message\ndata: {\"id\":1}\n\n")
+    await asyncio.wait_for(wrote.wait(), 5)  # sent as it comes
     replay.end()
     await asyncio.wait_for(sending, 5)
     assert written[-1].startswith(b"id: %s-4\n" % replay.id.encode()) and len(written) == 2
@@ -89,6 +91,7 @@ async def test_a_reconnection_waiting_for_more_is_kept_alive() -> None:
         written.append(data)
         alive.set()
 
+    replay.reading = True
     sending = asyncio.ensure_future(replay.send(write, 0, keepalive=0.01, keepalive_frame=b": k\n\n"))
     await asyncio.wait_for(alive.wait(), 5)
     replay.end()

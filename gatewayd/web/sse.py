@@ -89,7 +89,7 @@ class CallStream:
             self.unsendable += 1
             return
         if self._replays is not None:
-            event = self._resumable().framed(event)
+            event = (self._replay or self._resumable()).framed(event)
         if self.broken:
             return  # kept for the client's reconnection
         waiter, response = self._waiter, self._response
