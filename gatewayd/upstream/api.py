@@ -55,6 +55,11 @@ class Caller(Protocol):
         polling a task of the gateway's is shown it."""
         ...
 
+    def hear(self, message: dict[str, Any]) -> None:
+        """A notification the caller's own child sends outside any call (a per-session child's log line): passed on
+        to the caller if it takes it."""
+        ...
+
     @property
     def answers_input(self) -> bool:
         """Whether a modern child's input-required result reaches this caller as it is, answered by its own retry

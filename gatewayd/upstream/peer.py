@@ -622,8 +622,10 @@ class Peer:
             pending = self._pending.get(params.get("progressToken"))  # type: ignore[arg-type]
             return pending.on_event if pending else None
         if method == "notifications/message" and len(self._pending) == 1:
-            # With several calls in flight a log line cannot be attributed; it goes to the daemon's log.
-            return next(iter(self._pending.values())).on_event
+            # With several calls in flight a log line cannot be attributed; it goes to the daemon's log. Nor can one
+            # written after the only call's answer (read in the same chunk, before the call let go of its entry).
+            only = next(iter(self._pending.values()))
+            return None if only.future.done() else only.on_event
         return None
 
     # -- failing ---------------------------------------------------------------------------

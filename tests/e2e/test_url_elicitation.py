@@ -2,7 +2,8 @@
 
 A scripted child (tests/fixtures/askersrv.py) asks a session for a URL-mode elicitation during a call, or answers a
 call with URLElicitationRequiredError (-32042); later it sends `notifications/elicitation/complete`. The session
-that was asked hears it on its own stream, once; another session does not; an id nobody was asked is dropped.
+that was asked hears it on its own stream, once; another session does not; an id nobody was asked is dropped. A
+session's own child (`isolation = "session"`) logging outside any call is heard on that session's stream.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Rig:
 async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     root = tmp_path_factory.mktemp("url-elicitation")
     server = python_command(str(ASKERSRV)) + '\nrelay = ["elicitation"]\n'
-    tokens = write_config(root, {"ask": server}, '[roles.agent]\nallow = ["ask.*"]\n', {"agent": ["agent"]})
+    tokens = write_config(root, {"ask": server, "own": server + 'isolation = "session"\n'},
+                          '[roles.agent]\nallow = ["ask.*", "own.*"]\n', {"agent": ["agent"]})
     async with Daemon(root) as daemon:
         yield Rig(daemon, tokens["agent"])
 
@@ -89,9 +91,10 @@ class Caller:
             await response.read()
             return response.status
 
-    async def call(self, arguments: dict[str, Any], answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def call(self, arguments: dict[str, Any], answer: dict[str, Any] | None = None,
+                   tool: str = "ask__ask") -> dict[str, Any]:
         """Call the child's `ask`; each request it relays is answered with `answer`. The call's own answer."""
-        message = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "ask__ask",
+        message = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": tool,
                                                                                "arguments": arguments}}
         async with self.http.post(self.rig.daemon.url, json=message, headers=self.headers()) as response:
             if response.content_type == "application/json":
@@ -162,3 +165,20 @@ async def test_a_url_elicitation_required_error_reaches_the_caller_and_its_compl
         told = await alice.heard()
     assert answered["error"] == error  # the server's own error, verbatim: the client knows what to open
     assert told == {"jsonrpc": "2.0", "method": COMPLETE, "params": {"elicitationId": "el-c"}}
+
+
+async def test_a_session_s_own_child_logging_outside_a_call_is_heard_on_the_session_s_stream(rig: Rig) -> None:
+    def logged(level: str, data: str) -> dict[str, Any]:
+        return {"method": "notifications/message", "params": {"level": level, "logger": "own", "data": data}}
+
+    line, quiet = logged("warning", "disk low"), logged("debug", "noise")
+    async with callers(rig) as (alice, bob):
+        assert await alice.post({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel",
+                                 "params": {"level": "info"}}) == 200
+        await alice.call({"after": [quiet, line]}, tool="own__ask")
+        told = await alice.heard()
+        # Bob's child is his own: he hears his, and never Alice's.
+        await bob.call({"after": [logged("warning", "bob's")]}, tool="own__ask")
+        bobs = await bob.heard()
+    assert told == {"jsonrpc": "2.0", **line}  # the debug line was below her level
+    assert bobs["params"]["data"] == "bob's"
