@@ -451,8 +451,10 @@ def _status(args: argparse.Namespace) -> int:
                 _say(f"{name}{owner} runs on while idle: {child['kept_by']}")
     for session in body["session_list"]:
         stream = "  GET stream open" if session["stream_open"] else ""
+        kept = session.get("streams_kept")
+        resumable = f"  {kept} call stream(s) kept for a reconnection" if kept else ""
         _say(f"session {session['id']}…  client {session['client']}  MCP {session['version']}  "
-             f"up {session['age_s']:.0f}s  idle {session['idle_s']:.0f}s{stream}")
+             f"up {session['age_s']:.0f}s  idle {session['idle_s']:.0f}s{stream}{resumable}")
     for approval in body["approvals"]:
         _say(f"waiting for approval: {approval['id']}  {approval['client']}  {approval['method']}  "
              f"{approval['expires_in_s']:.0f}s left")

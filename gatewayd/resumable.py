@@ -119,6 +119,11 @@ class Replays:
     def __len__(self) -> int:
         return len(self._streams)
 
+    def waiting(self) -> int:
+        """Streams whose connection dropped, kept for a reconnection."""
+        self._expire()
+        return sum(replay.detached for replay in self._streams.values())
+
     def open(self) -> Replay:
         """A new stream's replay (kept until its call ends and the client had all of it)."""
         self._expire()

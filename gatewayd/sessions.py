@@ -88,7 +88,8 @@ class Session:
         name = self.client_info.get("name")
         return {"id": self.id[:SESSION_ID_SHOWN], "client": self.client, "version": self.protocol_version,
                 "client_info": str(name)[:64] if name is not None else None, "age_s": round(now - self.created, 1),
-                "idle_s": round(now - self.last_used, 1), "stream_open": self.stream_open}
+                "idle_s": round(now - self.last_used, 1), "stream_open": self.stream_open,
+                "streams_kept": self.replays.waiting()}
 
     def supports_form_elicitation(self) -> bool:
         """Whether the client declared MCP elicitation in form mode (`elicitation: {}` means form)."""

@@ -97,3 +97,10 @@ async def test_a_reconnection_waiting_for_more_is_kept_alive() -> None:
     replay.end()
     await asyncio.wait_for(sending, 5)
     assert written[0] == b": k\n\n"
+
+
+async def test_only_streams_whose_connection_dropped_count_as_waiting() -> None:
+    replays = Replays()
+    live, dropped = replays.open(), replays.open()
+    dropped.detach()
+    assert (len(replays), replays.waiting(), live.detached) == (2, 1, False)

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from gatewayd.resumable import RETRY_MS
-from tests.daemon import Daemon, faultsrv_command, write_config
+from tests.daemon import Daemon, faultsrv_command, gatewayctl, write_config
 from tests.e2e.test_mcp_sdk import (
     ACCEPT,
     LEGACY_VERSION,
@@ -87,6 +87,9 @@ async def test_a_dropped_call_stream_is_taken_up_again_with_last_event_id(daemon
         response.close()
         stream = first[0]["id"].split("-")[0]
         await running.wait_log(rf"closed before the answer: kept 60s for a reconnection \(stream {stream}\)")
+        code, status, err = await gatewayctl(running.config_dir, "status")
+        assert code == 0, err
+        assert "1 call stream(s) kept for a reconnection" in status
         async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
                                                   "Last-Event-ID": first[-1]["id"]}) as resumed:
             assert resumed.status == 200
