@@ -1,4 +1,5 @@
-"""Requests a child sends the gateway unasked: answered by `on_request`, or by the default, under the child's own id."""
+"""Requests a child sends the gateway unasked: answered by `on_request`, or by the default, under the child's own
+id; and a log line written just after a call's answer, which is no longer that call's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from gatewayd import jsontext
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.peer import default_reply
+from tests.waiting import eventually
 
 ASKSRV = Path(__file__).resolve().parents[1] / "fixtures" / "asksrv.py"
 # Bound on the child's report; generous for a loaded 2-core machine.
@@ -129,3 +131,29 @@ async def test_a_reused_id_of_a_request_still_waiting_is_refused_and_the_first_u
     assert bad["id"] is None and bad["error"]["code"] == -32600
     assert pinged == {"jsonrpc": "2.0", "id": 9, "result": {}}
     assert then[3:] == [{"jsonrpc": "2.0", "id": "l", "result": {"late": True}}]
+
+
+# Answers its first request and writes a log line with it, in one write; then waits for stdin to close.
+ANSWER_THEN_LOG = (
+    "import json, sys\n"
+    "request = json.loads(sys.stdin.readline())\n"
+    "answer = {'jsonrpc': '2.0', 'id': request['id'], 'result': {'ok': True}}\n"
+    "log = {'jsonrpc': '2.0', 'method': 'notifications/message', 'params': {'level': 'info', 'data': 'after'}}\n"
+    "sys.stdout.write(json.dumps(answer) + '\\n' + json.dumps(log) + '\\n')\n"
+    "sys.stdout.flush()\n"
+    "sys.stdin.read()\n"
+)
+
+
+async def test_a_log_line_written_just_after_the_only_call_s_answer_is_not_that_call_s() -> None:
+    unasked: list[dict[str, Any]] = []
+    heard: list[dict[str, Any]] = []
+    conn = Connection("after", [sys.executable, "-c", ANSWER_THEN_LOG], on_notification=unasked.append)
+    await conn.open()
+    try:
+        assert await conn.call("work", None, timeout=REPORT_TIMEOUT, on_event=heard.append) == {"ok": True}
+        await eventually(lambda: bool(unasked), what="the log line reached the server's own handler")
+    finally:
+        await conn.close()
+    # Read in the same chunk as the answer, before the call let go of its entry: the call was over, not in flight.
+    assert [message["params"]["data"] for message in unasked] == ["after"] and heard == []
