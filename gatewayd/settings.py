@@ -170,6 +170,11 @@ class Settings(BaseModel):
     )
     # A comment line this often keeps proxies and clients from dropping a quiet stream.
     sse_keepalive: Duration = Field(15.0, gt=0, description="seconds between SSE keep-alive comments")
+    # SEP-1699 polling: a long call's stream in a session ends its connection, and the client comes back for the rest
+    # with Last-Event-ID (resumable.py). Off by default: a client that cannot resume would lose the answer.
+    sse_poll_after: Duration = Field(
+        0.0, ge=0, description="seconds after which a session call's event stream closes its connection for the "
+        "client to resume it with Last-Event-ID (0: never)")
     max_sessions: int = Field(1024, ge=1, description="most MCP sessions held at once")
     # One client's share, so a client that opens sessions in a loop cannot lock everyone else out of `initialize`.
     max_sessions_per_client: int = Field(64, ge=1, description="most MCP sessions one client may hold at once")

@@ -207,7 +207,8 @@ async def _answer_streamable(
     both): the smaller form for both sides, as the 2026-07-28 path answers too."""
     headers = {SESSION_HEADER: ctx.session.id} if ctx.session is not None else {}
     stream = sse.CallStream(request, headers, state.settings.sse_keepalive, state.deadlines,
-                            client=ctx.principal.name, replays=ctx.session.replays if ctx.session else None)
+                            client=ctx.principal.name, replays=ctx.session.replays if ctx.session else None,
+                            poll_after=state.settings.sse_poll_after)
     ctx.emit = stream.emit
     plain = functools.partial(_json, session=ctx.session) if json_ok else None
     return await stream.answer(_answer(state.gateway, ctx, message), plain)

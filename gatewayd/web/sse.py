@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from gatewayd import jsontext, resumable
-from gatewayd.deadlines import Deadlines
+from gatewayd.deadlines import Deadline, Deadlines
 from gatewayd.resumable import Replay, Replays
 from gatewayd.web import aiohttp_hooks, bodies
 
@@ -46,13 +46,19 @@ class CallStream:
     client did not get (a stream closed early, notifications dropped) is logged under `client` at the end."""
 
     def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines, *,
-                 client: str, replays: Replays | None = None) -> None:
+                 client: str, replays: Replays | None = None, poll_after: float = 0.0) -> None:
         self._request = request
         self._client = client
         # A session's streams kept for resumption (resumable.py): an open stream gets ids, and what it cannot
         # deliver is kept. None: a stream without ids (no session, or the 2026-07-28 era).
         self._replays = replays
         self._replay: Replay | None = None
+        # With ids: the connection is ended this long after the stream opened, for the client to come back for the
+        # rest (SEP-1699 polling); 0: never.
+        self._poll_after = poll_after if replays is not None else 0.0
+        self._poll: Deadline | None = None
+        self._poll_due = False
+        self._polled = False
         # The caller's own headers; the SSE ones are added only when the answer is SSE (most calls end unopened,
         # and a client that takes JSON then gets JSON: mcp_http.py).
         self._headers = headers
@@ -137,7 +143,12 @@ class CallStream:
             if self._replays is not None:
                 # Its id and `retry` first: a client that loses the connection from here on can reconnect.
                 await response.write(self._resumable().priming())
+                if self._poll_after:
+                    self._poll = self._deadlines.call_later(self._poll_after, self._end_connection)
             while True:
+                if self._poll_due and not self._finished:
+                    await self._end_for_poll(response)
+                    return
                 if self._events:
                     events = self._events
                     self._events = collections.deque()
@@ -180,7 +191,11 @@ class CallStream:
 
     def _log_losses(self) -> None:
         """Say what the client was not sent."""
-        if self.broken and self._replay is not None:
+        if self._polled:
+            assert self._replay is not None
+            logger.debug("client=%s stream %s ended its connection after %gs for the client to poll", self._client,
+                         self._replay.id, self._poll_after)
+        elif self.broken and self._replay is not None:
             logger.info("client=%s SSE stream closed before the answer: kept %gs for a reconnection (stream %s)",
                         self._client, resumable.KEEP_S, self._replay.id)
         elif self.broken:
@@ -194,6 +209,25 @@ class CallStream:
     def _stop(self) -> None:
         self._finished = True
         self._timer.cancel()
+        if self._poll is not None:
+            self._poll.cancel()
+
+    def _end_connection(self) -> None:
+        """SEP-1699 polling is due: the pump ends the response and its connection (below)."""
+        self._poll_due = True
+        self._wake(False)
+
+    async def _end_for_poll(self, response: web.StreamResponse) -> None:
+        """End the response whole, then its connection (which the client must not use again while the call still
+        holds it): the call runs on, what it says from here is kept, and the client reconnects for it with
+        Last-Event-ID (resumable.py; what was queued is in the replay already)."""
+        self._polled = True
+        self._broke()
+        self._events.clear()
+        await response.write_eof()
+        transport = self._request.transport
+        if transport is not None:
+            transport.close()
 
     async def _finish(self, message: dict[str, Any]) -> web.StreamResponse:
         """End the stream with the call's response."""

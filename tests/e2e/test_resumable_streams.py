@@ -4,7 +4,8 @@ real daemon (gatewayd/resumable.py, web/sse.py, web/mcp_http.py).
 The call (the fault fixture's `progress`: steps a moment apart, then its answer) opens its stream with a priming
 event (an id, `retry`, no data) and numbers every event; the client reads one step, drops the connection, and
 reconnects with a GET naming the last id it got: it is sent the steps it missed, then the answer, and that response
-ends. A stream the client never left is nobody else's to resume.
+ends. A stream the client never left is nobody else's to resume. With `sse_poll_after` the gateway ends a long call's
+connection itself (SEP-1699 polling) and the client comes back for the rest the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
@@ -121,3 +123,22 @@ async def test_a_stream_whose_connection_held_is_not_resumed(daemon: tuple[Daemo
     assert whole[0]["data"] == "" and json.loads(whole[-1]["data"])["id"] == CALL_ID
     assert changed.status == 200 and "id" not in told
     assert json.loads(told["data"])["method"] == "notifications/tools/list_changed"
+
+
+async def test_with_sse_poll_after_a_long_call_s_connection_ends_and_the_client_comes_back_for_the_rest(
+        tmp_path: Path) -> None:
+    tokens = write_config(tmp_path, {"fault": faultsrv_command("--mcp") + '\nprotocol = "mcp"\n'},
+                          '[roles.agent]\nallow = ["fault.*"]\n', {"agent": ["agent"]})
+    async with Daemon(tmp_path, "--sse-poll-after", "0.3") as running, asyncio.timeout(TEST_DEADLINE), \
+            http_session() as http:
+        headers = await session(http, running, tokens["agent"])
+        async with http.post(running.url, json=progress_call(4), headers=headers) as response:
+            before = [event async for event in events(response)]  # until the gateway ends the connection
+        async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
+                                                  "Last-Event-ID": before[-1]["id"]}) as resumed:
+            after = [event async for event in events(resumed)]
+    answers = [json.loads(event["data"]) for event in before + after if event.get("data")]
+    assert not any(message.get("id") == CALL_ID for message in answers[:len(before) - 1]), "polled before its answer"
+    assert [message["params"]["message"].split()[1] for message in answers if "method" in message
+            and message["method"] == "notifications/progress"] == ["1", "2", "3", "4"]
+    assert answers[-1]["id"] == CALL_ID and "result" in answers[-1]
