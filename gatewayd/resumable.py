@@ -5,8 +5,9 @@ a `retry` telling the client how long to wait before reconnecting, no data) and 
 `<stream>-<n>`. When the client's connection drops before the answer (a network gone for a moment, a proxy's
 timeout), the call goes on, as MCP asks (a dropped stream is not a cancellation), and what it says from then on,
 its answer too, is kept: the client reconnects with a GET carrying `Last-Event-ID` and is sent every event after
-that one, then the rest as it comes, the answer last, and that response ends. A stream whose events all reached the
-connection is forgotten when the call ends.
+that one, then the rest as it comes, the answer last, and that response ends. The same serves a stream whose
+connection the gateway ends itself (settings `sse_poll_after`: SEP-1699 polling). A stream whose events all reached
+the connection is forgotten when the call ends.
 
 Owns: the ids, the priming event, one session's table of streams kept for resumption (at most MAX_STREAMS, the
 oldest forgotten; each at most MAX_EVENTS events, the oldest dropped; forgotten KEEP_S seconds after its call

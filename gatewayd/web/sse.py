@@ -2,7 +2,8 @@
 
 Owns the wire form of an event (one single-line JSON per `data:`), keep-alive comments, and
 `CallStream`: the answer to one call that may emit notifications before its result (in a 2025 session, with
-event ids and what a dropped connection did not get kept for a reconnection: resumable.py). A call
+event ids, what a dropped connection did not get kept for a reconnection, and with `sse_poll_after` the connection
+ended on purpose for the client to poll: resumable.py). A call
 that finishes before it emits anything, or before the first keep-alive is due, is answered
 with the whole stream in one body (one write, with a length), or as plain JSON when its
 caller gives a way to make that (a client that accepts JSON); only a call that has something
