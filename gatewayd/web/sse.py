@@ -46,20 +46,25 @@ class CallStream:
     """The SSE answer to one call. Give `emit` to the call as its event sink, then `answer` with the call; what the
     client did not get (a stream closed early, notifications dropped) is logged under `client` at the end."""
 
+    # A session's streams kept for resumption (resumable.py): an open stream gets ids, and what it cannot deliver is
+    # kept. None: a stream without ids (no session, or the 2026-07-28 era).
+    _replays: Replays | None = None
+    _replay: Replay | None = None
+    # With ids: the connection is ended this long after the stream opened, for the client to come back for the rest
+    # (SEP-1699 polling); 0: never. The timer, whether it is due, whether it ended the connection.
+    _poll_after = 0.0
+    _poll: Deadline | None = None
+    _poll_due = False
+    _polled = False
+
     def __init__(self, request: web.Request, headers: dict[str, str], keepalive: float, deadlines: Deadlines, *,
                  client: str, replays: Replays | None = None, poll_after: float = 0.0) -> None:
         self._request = request
         self._client = client
-        # A session's streams kept for resumption (resumable.py): an open stream gets ids, and what it cannot
-        # deliver is kept. None: a stream without ids (no session, or the 2026-07-28 era).
-        self._replays = replays
-        self._replay: Replay | None = None
-        # With ids: the connection is ended this long after the stream opened, for the client to come back for the
-        # rest (SEP-1699 polling); 0: never.
-        self._poll_after = poll_after if replays is not None else 0.0
-        self._poll: Deadline | None = None
-        self._poll_due = False
-        self._polled = False
+        if replays is not None:
+            # Set only for a session's stream (the class defaults stand for the rest: this is on every call's path).
+            self._replays = replays
+            self._poll_after = poll_after
         # The caller's own headers; the SSE ones are added only when the answer is SSE (most calls end unopened,
         # and a client that takes JSON then gets JSON: mcp_http.py).
         self._headers = headers
