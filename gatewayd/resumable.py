@@ -85,7 +85,7 @@ class Replay:
         self._more.set()  # a reconnection waiting for more: there is no more
 
     def id_line(self) -> bytes:
-        """The next id, for an event written without being kept (an answer too large to hold twice)."""
+        """The next id, for an event written without being kept (an answer that reached its connection)."""
         return b"id: %s-%d\n" % (self._head, next(self._numbers))
 
     async def send(self, write: Callable[[bytes], Awaitable[None]], after: int, keepalive: float,

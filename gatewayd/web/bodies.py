@@ -54,12 +54,13 @@ def sse_body(message: dict[str, Any]) -> bytes | payload.Payload:
     return _Streamed(message, SSE_HEAD, SSE_TAIL)
 
 
-async def write_event(response: web.StreamResponse, message: dict[str, Any]) -> None:
-    """Write one SSE event carrying `message` on an open stream, in slices if it carries a large string."""
+async def write_event(response: web.StreamResponse, message: dict[str, Any], head: bytes = b"") -> None:
+    """Write one SSE event carrying `message` on an open stream, in slices if it carries a large string; `head`
+    before it (its `id:` line, resumable.py)."""
     if not jsontext.carries_large_string(message):
-        await response.write(event(message))
+        await response.write(head + event(message))
         return
-    await response.write(SSE_HEAD)
+    await response.write(head + SSE_HEAD)
     for part in _encoded(message):
         await response.write(part)
     await response.write(SSE_TAIL)

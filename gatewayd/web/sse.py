@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gatewayd import jsontext, resumable
+from gatewayd import resumable
 from gatewayd.deadlines import Deadline, Deadlines
 from gatewayd.resumable import Replay, Replays
 from gatewayd.web import aiohttp_hooks, bodies
@@ -246,17 +246,11 @@ class CallStream:
         assert response is not None
         if not self.broken:
             try:
-                if replay is None:
-                    await bodies.write_event(response, message)
-                elif jsontext.carries_large_string(message):
-                    # Written in slices as it is encoded, not held whole for a reconnection as well.
-                    await response.write(replay.id_line())
-                    await bodies.write_event(response, message)
-                else:
-                    await response.write(replay.framed(bodies.event(message)))
+                # A delivered answer is not kept (its stream is forgotten now): written as it is encoded.
+                await bodies.write_event(response, message, replay.id_line() if replay is not None else b"")
             except ConnectionError:
                 self._broke()
-        elif replay is not None:
+        if self.broken and replay is not None:
             replay.framed(bodies.event(message))  # kept: the client may reconnect for it
         self._ended(delivered=not self.broken)
         return response

@@ -131,6 +131,27 @@ class Exchange:
         return answers[0]
 
 
+def session_headers(token: str, session_id: str) -> dict[str, str]:
+    """The headers of a raw request in a 2025 session."""
+    return {"Authorization": bearer(token), "Content-Type": "application/json", "Accept": ACCEPT,
+            SESSION_HEADER: session_id, VERSION_HEADER: LEGACY_VERSION}
+
+
+async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, str]]:
+    """The SSE events of a response as it reads them, each its fields ({id, retry, event, data}), comments skipped.
+    Stopping after one leaves the rest of the stream to read."""
+    event: dict[str, str] = {}
+    async for raw in response.content:
+        line = raw.decode().rstrip("\r\n")
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            event[field] = value.removeprefix(" ")
+
+
 def sse_messages(text: str) -> list[dict[str, Any]]:
     """The JSON payloads of an SSE body's events, in order; comments and empty (priming) events skipped."""
     messages: list[dict[str, Any]] = []
@@ -158,12 +179,14 @@ async def mcp_post(
         return Exchange(response.status, dict(response.headers), response.content_type, messages)
 
 
-async def raw_session(http: aiohttp.ClientSession, url: str, token: str) -> str:
-    """The legacy handshake by hand: initialize, then notifications/initialized; returns the session id."""
+async def raw_session(http: aiohttp.ClientSession, url: str, token: str,
+                      capabilities: dict[str, Any] | None = None) -> str:
+    """The legacy handshake by hand, declaring `capabilities`: initialize, then notifications/initialized; returns
+    the session id."""
     client_info = {"name": "raw", "version": "1"}
     init = await mcp_post(http, url, token, {
         "jsonrpc": "2.0", "id": 0, "method": "initialize",
-        "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {}, "clientInfo": client_info},
+        "params": {"protocolVersion": LEGACY_VERSION, "capabilities": capabilities or {}, "clientInfo": client_info},
     })
     assert init.status == 200, init
     assert init.response["result"]["protocolVersion"] == LEGACY_VERSION

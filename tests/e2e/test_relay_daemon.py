@@ -25,16 +25,7 @@ import pytest_asyncio
 
 from gatewayd.relay import MAX_RELAYED_PER_CALL, RELAY_ID_PREFIX
 from tests.daemon import REPO, Daemon, python_command, write_config
-from tests.e2e.test_mcp_sdk import (
-    ACCEPT,
-    LEGACY_VERSION,
-    SESSION_HEADER,
-    TEST_DEADLINE,
-    VERSION_HEADER,
-    bearer,
-    http_session,
-    mcp_post,
-)
+from tests.e2e.test_mcp_sdk import TEST_DEADLINE, http_session, mcp_post, raw_session, session_headers
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -77,17 +68,11 @@ class Caller:
         self.ids = iter(range(1, 10_000))
 
     async def start(self) -> Caller:
-        init = await mcp_post(self.http, self.rig.daemon.url, self.rig.token, {
-            "jsonrpc": "2.0", "id": 0, "method": "initialize",
-            "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {"sampling": {}},
-                       "clientInfo": {"name": "raw", "version": "1"}}})
-        self.session_id = init.headers[SESSION_HEADER]
-        await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.session_id = await raw_session(self.http, self.rig.daemon.url, self.rig.token, {"sampling": {}})
         return self
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": bearer(self.rig.token), "Content-Type": "application/json", "Accept": ACCEPT,
-                SESSION_HEADER: self.session_id, VERSION_HEADER: LEGACY_VERSION}
+        return session_headers(self.rig.token, self.session_id)
 
     async def post(self, message: dict[str, Any]) -> int:
         """Send a notification or a response; the status it got (202)."""

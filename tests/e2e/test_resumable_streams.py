@@ -23,15 +23,13 @@ import pytest_asyncio
 from gatewayd.resumable import RETRY_MS
 from tests.daemon import Daemon, faultsrv_command, gatewayctl, write_config
 from tests.e2e.test_mcp_sdk import (
-    ACCEPT,
-    LEGACY_VERSION,
     SESSION_HEADER,
     TEST_DEADLINE,
-    VERSION_HEADER,
-    bearer,
     http_session,
     mcp_post,
     raw_session,
+    session_headers,
+    sse_events,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -48,25 +46,9 @@ async def daemon(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tupl
         yield running, tokens["agent"]
 
 
-async def events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The SSE events of a response as {id, retry, data}, comments skipped."""
-    event: dict[str, Any] = {}
-    async for raw in response.content:
-        line = raw.decode().rstrip("\r\n")
-        if not line:
-            if event:
-                yield event
-            event = {}
-        elif not line.startswith(":"):
-            field, _, value = line.partition(":")
-            event[field] = value.removeprefix(" ")
-
-
 async def session(http: aiohttp.ClientSession, daemon: Daemon, token: str) -> dict[str, str]:
     """A new session's headers, for raw requests."""
-    session_id = await raw_session(http, daemon.url, token)
-    return {"Authorization": bearer(token), "Content-Type": "application/json", "Accept": ACCEPT,
-            SESSION_HEADER: session_id, VERSION_HEADER: LEGACY_VERSION}
+    return session_headers(token, await raw_session(http, daemon.url, token))
 
 
 def progress_call(steps: int) -> dict[str, Any]:
@@ -82,7 +64,7 @@ async def test_a_dropped_call_stream_is_taken_up_again_with_last_event_id(daemon
         response = await http.post(running.url, json=progress_call(3), headers=headers)
         assert response.content_type == "text/event-stream"
         first: list[dict[str, Any]] = []
-        async for event in events(response):
+        async for event in sse_events(response):
             first.append(event)
             if "data" in event and event["data"]:
                 break  # the first step: then the connection is lost
@@ -95,7 +77,7 @@ async def test_a_dropped_call_stream_is_taken_up_again_with_last_event_id(daemon
         async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
                                                   "Last-Event-ID": first[-1]["id"]}) as resumed:
             assert resumed.status == 200
-            rest = [event async for event in events(resumed)]  # ends once the answer is sent
+            rest = [event async for event in sse_events(resumed)]  # ends once the answer is sent
     priming, step = first
     assert priming == {"id": f"{stream}-0", "retry": str(RETRY_MS), "data": ""}
     assert step["id"] == f"{stream}-1" and json.loads(step["data"])["params"]["message"].startswith("step 1")
@@ -110,7 +92,7 @@ async def test_a_stream_whose_connection_held_is_not_resumed(daemon: tuple[Daemo
     async with asyncio.timeout(TEST_DEADLINE), http_session() as http:
         headers = await session(http, running, token)
         async with http.post(running.url, json=progress_call(2), headers=headers) as response:
-            whole = [event async for event in events(response)]
+            whole = [event async for event in sse_events(response)]
         # Every event reached the client: nothing of that stream is sent again, and its id opens the session's own
         # stream, whose first event is the next thing the session is told.
         async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
@@ -119,7 +101,7 @@ async def test_a_stream_whose_connection_held_is_not_resumed(daemon: tuple[Daemo
             changed = await mcp_post(http, running.url, token, {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
                                                                 "params": {"name": "fault__change_tools"}},
                                      headers[SESSION_HEADER])
-            told = await anext(events(standalone))
+            told = await anext(sse_events(standalone))
     assert whole[0]["data"] == "" and json.loads(whole[-1]["data"])["id"] == CALL_ID
     assert changed.status == 200 and "id" not in told
     assert json.loads(told["data"])["method"] == "notifications/tools/list_changed"
@@ -133,10 +115,10 @@ async def test_with_sse_poll_after_a_long_call_s_connection_ends_and_the_client_
             http_session() as http:
         headers = await session(http, running, tokens["agent"])
         async with http.post(running.url, json=progress_call(4), headers=headers) as response:
-            before = [event async for event in events(response)]  # until the gateway ends the connection
+            before = [event async for event in sse_events(response)]  # until the gateway ends the connection
         async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
                                                   "Last-Event-ID": before[-1]["id"]}) as resumed:
-            after = [event async for event in events(resumed)]
+            after = [event async for event in sse_events(resumed)]
     first = [json.loads(event["data"]) for event in before if event.get("data")]
     rest = [json.loads(event["data"]) for event in after if event.get("data")]
     assert not any(message.get("id") == CALL_ID for message in first), "the connection ended before the answer"

@@ -20,16 +20,7 @@ import pytest
 import pytest_asyncio
 
 from tests.daemon import REPO, Daemon, python_command, write_config
-from tests.e2e.test_mcp_sdk import (
-    ACCEPT,
-    LEGACY_VERSION,
-    SESSION_HEADER,
-    TEST_DEADLINE,
-    VERSION_HEADER,
-    bearer,
-    http_session,
-    mcp_post,
-)
+from tests.e2e.test_mcp_sdk import TEST_DEADLINE, http_session, raw_session, session_headers, sse_events
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -71,20 +62,15 @@ class Caller:
         self.stream: aiohttp.ClientResponse | None = None
 
     async def start(self) -> Caller:
-        init = await mcp_post(self.http, self.rig.daemon.url, self.rig.token, {
-            "jsonrpc": "2.0", "id": 0, "method": "initialize",
-            "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {"elicitation": {"url": {}}},
-                       "clientInfo": {"name": "raw", "version": "1"}}})
-        self.session_id = init.headers[SESSION_HEADER]
-        await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.session_id = await raw_session(self.http, self.rig.daemon.url, self.rig.token,
+                                            {"elicitation": {"url": {}}})
         self.stream = await self.http.get(self.rig.daemon.url,
                                           headers={**self.headers(), "Accept": "text/event-stream"})
         assert self.stream.status == 200
         return self
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": bearer(self.rig.token), "Content-Type": "application/json", "Accept": ACCEPT,
-                SESSION_HEADER: self.session_id, VERSION_HEADER: LEGACY_VERSION}
+        return session_headers(self.rig.token, self.session_id)
 
     async def post(self, message: dict[str, Any]) -> int:
         async with self.http.post(self.rig.daemon.url, json=message, headers=self.headers()) as response:
@@ -116,9 +102,9 @@ class Caller:
 
 
 async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    async for line in response.content:
-        if line.startswith(b"data:") and line[5:].strip():
-            yield json.loads(line[5:])
+    async for event in sse_events(response):
+        if event.get("data"):
+            yield json.loads(event["data"])
 
 
 @asynccontextmanager
