@@ -1,4 +1,5 @@
-"""Resumable call streams of MCP 2025-11-25 sessions (Streamable HTTP resumability, SEP-1699).
+"""Resumable streams of MCP 2025-11-25 sessions (Streamable HTTP resumability, SEP-1699): a call's stream, and the
+session's own GET stream.
 
 A call answered as an event stream in a session gets a stream id; the stream opens with a priming event (an `id`,
 a `retry` telling the client how long to wait before reconnecting, no data) and each of its events carries the id
@@ -9,11 +10,18 @@ that one, then the rest as it comes, the answer last, and that response ends. Th
 connection the gateway ends itself (settings `sse_poll_after`: SEP-1699 polling). A stream whose events all reached
 the connection is forgotten when the call ends.
 
+The session's own GET stream (what the session hears outside its calls: lists changed, resources updated, task
+statuses, a child's questions outside a call) is stream `0`: primed and numbered the same way, its last LIVE_EVENTS
+events kept. A GET naming one of them takes the stream over from the connection that read it (a client whose
+network dropped reconnects while the gateway still holds the old connection, which may never say it is gone), and is
+sent what came after that event, then the stream goes on. A GET without one is refused while another connection
+reads the stream, unless that connection is gone.
+
 Owns: the ids, the priming event, one session's table of streams kept for resumption (at most MAX_STREAMS, the
 oldest forgotten; each at most MAX_EVENTS events, the oldest dropped; forgotten KEEP_S seconds after its call
-ended, or once its answer was sent on a reconnection), and sending them again. A 2026-07-28 request has no
-session, and no resumability (that era ends a call when its stream closes). Does not own HTTP: the call's stream on
-its first connection (web/sse.py), the GET that reconnects (web/mcp_http.py).
+ended, or once its answer was sent on a reconnection), the session stream's window and reader, and sending them
+again. A 2026-07-28 request has no session, and no resumability (that era ends a call when its stream closes). Does
+not own HTTP: the call's stream on its first connection (web/sse.py), the GETs (web/mcp_http.py).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ MAX_STREAMS: Final = 16
 KEEP_S: Final = 60.0
 # The `Last-Event-ID` of one of these streams: `<stream>-<n>`, both decimal.
 MAX_ID_CHARS: Final = 40
+# The session's own GET stream's id (its calls' streams are numbered from 1).
+SESSION_STREAM: Final = "0"
 
 
 class Replay:
@@ -62,7 +72,7 @@ class Replay:
 
     def priming(self) -> bytes:
         """The stream's first event: its id (`<stream>-0`) and `retry`, no data."""
-        return b"id: %s-0\nretry: %d\ndata:\n\n" % (self._head, RETRY_MS)
+        return _priming(self._head, 0)
 
     def framed(self, event: bytes) -> bytes:
         """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""
@@ -142,16 +152,103 @@ class Replays:
         """The stream a `Last-Event-ID` names and the number after which to send, or None: no such id, or a stream
         no longer kept."""
         self._expire()
-        if last_event_id is None or len(last_event_id) > MAX_ID_CHARS:
+        named = _parse(last_event_id)
+        replay = self._streams.get(named[0]) if named is not None else None
+        if named is None or replay is None or not replay.detached:
             return None
-        stream, _, number = last_event_id.strip().partition("-")
-        replay = self._streams.get(stream)
-        if replay is None or not replay.detached or not (number.isascii() and number.isdigit()):
-            return None
-        return replay, int(number)
+        return replay, named[1]
 
     def _expire(self) -> None:
         now = time.monotonic()
         for stream in [stream for stream, replay in self._streams.items()
                        if replay.ended is not None and replay.ended + KEEP_S < now]:
             del self._streams[stream]
+
+
+def _priming(stream: bytes, number: int) -> bytes:
+    """A priming event: the id of event `number` of `stream`, `retry`, no data (the client reconnects from there)."""
+    return b"id: %s-%d\nretry: %d\ndata:\n\n" % (stream, number, RETRY_MS)
+
+
+def _parse(last_event_id: str | None) -> tuple[str, int] | None:
+    """The stream and event number a `Last-Event-ID` names, or None: no id of ours."""
+    if last_event_id is None or len(last_event_id) > MAX_ID_CHARS:
+        return None
+    stream, _, number = last_event_id.strip().partition("-")
+    return (stream, int(number)) if number.isascii() and number.isdigit() else None
+
+
+class SessionStream:
+    """A session's own GET stream: its event ids, the last LIVE_EVENTS events it wrote, and which connection reads
+    it (by number: a newer reader ends an older one's pump at its next turn). Every session has one, most never
+    read: nothing is allocated until it is."""
+
+    __slots__ = ("_head", "sent", "last", "reader", "_readers", "_waiter")
+
+    def __init__(self) -> None:
+        self._head = SESSION_STREAM.encode("ascii")
+        self.sent: collections.deque[tuple[int, bytes]] | None = None
+        # The number of the last event written (0: none yet).
+        self.last = 0
+        # The reader now (0: none: released when its connection closes), and the last number given to one.
+        self.reader = 0
+        self._readers = 0
+        # What the reader's pump waits on while nothing is queued.
+        self._waiter: asyncio.Future[None] | None = None
+
+    def after(self, last_event_id: str | None) -> int | None:
+        """The number a reconnecting client's `Last-Event-ID` names on this stream, or None."""
+        named = _parse(last_event_id)
+        return named[1] if named is not None and named[0] == SESSION_STREAM and named[1] <= self.last else None
+
+    def take(self, after: int | None) -> int | None:
+        """A new reader's number, or None while another connection reads the stream and this one names no event of
+        it."""
+        if self.reader and after is None:
+            return None
+        self._readers += 1
+        self.reader = self._readers
+        self.wake()  # an older reader's pump ends
+        return self.reader
+
+    def release(self, reader: int) -> None:
+        """Reader `reader` stopped, or its connection closed: the stream is free, and its pump ends."""
+        if self.reader == reader:
+            self.reader = 0
+            self.wake()
+
+    def opening(self, after: int | None) -> tuple[bytes, int]:
+        """What a new reader is sent first: the priming event (the id of the last event it has: `after`, or every
+        event so far), then the events after `after`; and how many of those are no longer kept."""
+        start = self.last if after is None else after
+        missed = [framed for number, framed in self.sent or () if number > start]
+        lost = self.last - start - len(missed)
+        return _priming(self._head, start) + b"".join(missed), lost
+
+    def framed(self, event: bytes) -> bytes:
+        """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""
+        if self.sent is None:
+            self.sent = collections.deque(maxlen=LIVE_EVENTS)
+        self.last += 1
+        framed = b"id: %s-%d\n%s" % (self._head, self.last, event)
+        self.sent.append((self.last, framed))
+        return framed
+
+    def wake(self) -> None:
+        """Something was queued for the stream, or its reader changed."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> bool:
+        """Until something is queued or the reader changes (True), or `timeout` seconds pass (False). The caller
+        looked at the queue just before (no await between): nothing queued since is missed."""
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            return False
+        finally:
+            if self._waiter is waiter:  # a newer reader's pump may wait by now
+                self._waiter = None
+        return True

@@ -1,8 +1,8 @@
 """MCP sessions of the 2025-era Streamable HTTP transport, and their server-to-client streams.
 
-Owns: minting unguessable session ids, binding each to the client that created it,
-negotiated version and capabilities, the queue behind the session's GET stream, the limit
-on how many exist, and forgetting idle ones. Does not own HTTP (web/) or calls (gateway.py).
+Owns: minting unguessable session ids, binding each to the client that created it, negotiated version and
+capabilities, the queue behind the session's GET stream (its ids and readers: resumable.py), the limit on how many
+exist, and forgetting idle ones. Does not own HTTP (web/) or calls (gateway.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from gatewayd.errors import TooManySessions
 from gatewayd.once import Once
-from gatewayd.resumable import Replays
+from gatewayd.resumable import Replays, SessionStream
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +61,19 @@ class Session:
     outbound: asyncio.Queue[dict[str, Any] | None] = field(
         default_factory=lambda: asyncio.Queue(OUTBOUND_QUEUE_LIMIT)
     )
-    stream_open: bool = False
+    # Which connection reads the GET stream, and what it wrote last, for a reconnection (resumable.py).
+    stream: SessionStream = field(default_factory=SessionStream)
     # (server, uri) of each resource this session subscribed to (surfaces.py): who hears `resources/updated`.
     subscriptions: set[tuple[str, str]] = field(default_factory=set)
     # Its calls' event streams kept for a client that reconnects with `Last-Event-ID` (resumable.py).
     replays: Replays = field(default_factory=Replays)
     # The session ends (DELETE, expiry): pending approvals of its calls are withdrawn.
     _ended: Once = field(default_factory=Once)
+
+    @property
+    def stream_open(self) -> bool:
+        """Whether a connection reads the session's GET stream."""
+        return self.stream.reader != 0
 
     @property
     def ended(self) -> bool:
@@ -108,6 +114,7 @@ class Session:
         if self.outbound.full():
             self.outbound.get_nowait()
         self.outbound.put_nowait(message)
+        self.stream.wake()
 
     def wants_log(self, level: Any) -> bool:
         """Whether a `notifications/message` at `level` passes this session's `logging/setLevel`."""

@@ -1,7 +1,8 @@
-"""What a session keeps of its call streams for a client that reconnects (gatewayd/resumable.py), in memory: the
-priming event, ids, what is kept while the connection holds and after it dropped, which `Last-Event-ID` finds a
-stream, the bounds on streams and their age, and sending the rest as it comes. The whole path through the daemon is
-tests/e2e/test_resumable_streams.py."""
+"""What a session keeps of its call streams and its own GET stream for a client that reconnects
+(gatewayd/resumable.py), in memory: the priming event, ids, what is kept while the connection holds and after it
+dropped, which `Last-Event-ID` finds a stream, the bounds on streams and their age, sending the rest as it comes, and
+which connection reads the session's stream. The whole paths through the daemon are
+tests/e2e/test_resumable_streams.py and tests/e2e/test_session_stream.py."""
 
 from __future__ import annotations
 
@@ -104,3 +105,64 @@ async def test_only_streams_whose_connection_dropped_count_as_waiting() -> None:
     live, dropped = replays.open(), replays.open()
     dropped.detach()
     assert (len(replays), replays.waiting(), live.detached) == (2, 1, False)
+
+
+# -- the session's own GET stream --------------------------------------------------------------------------------------
+
+
+def event(text: str) -> bytes:
+    return b"data: " + text.encode() + b"\n\n"
+
+
+def test_the_session_stream_numbers_its_events_and_names_only_its_own() -> None:
+    own = resumable.SessionStream()
+    assert own.opening(None) == (b"id: 0-0\nretry: %d\ndata:\n\n" % resumable.RETRY_MS, 0)
+    assert own.framed(event("a")) == b"id: 0-1\ndata: a\n\n"
+    assert own.framed(event("b")) == b"id: 0-2\ndata: b\n\n"
+    assert [own.after(named) for named in ("0-0", "0-2", " 0-1 ")] == [0, 2, 1]
+    # Another stream's id, one not yet written, or no id of ours names nothing here.
+    assert [own.after(named) for named in (None, "1-1", "0-3", "0-x", "0-", "0-1-1", "0-" + "9" * 40)] == [None] * 7
+
+
+def test_a_reader_naming_an_event_is_sent_what_came_after_it_and_told_what_is_no_longer_kept() -> None:
+    own = resumable.SessionStream()
+    for number in range(1, resumable.LIVE_EVENTS + 4):
+        own.framed(event(str(number)))
+    last = resumable.LIVE_EVENTS + 3
+    opening, lost = own.opening(last - 2)
+    assert opening == (b"id: 0-%d\nretry: %d\ndata:\n\n" % (last - 2, resumable.RETRY_MS)
+                       + b"".join(b"id: 0-%d\ndata: %d\n\n" % (number, number) for number in (last - 1, last)))
+    assert lost == 0
+    # The window crossed: the oldest events are gone, and the opening says how many.
+    opening, lost = own.opening(0)
+    assert lost == 3 and opening.count(b"data: ") == resumable.LIVE_EVENTS
+    assert b"id: 0-4\ndata: 4\n\n" in opening and b"data: 3\n" not in opening
+    # A reader naming nothing has everything so far: its priming names the last event, and nothing follows.
+    assert own.opening(None) == (b"id: 0-%d\nretry: %d\ndata:\n\n" % (last, resumable.RETRY_MS), 0)
+
+
+async def test_one_reader_at_a_time_a_reconnection_naming_an_event_takes_over() -> None:
+    own = resumable.SessionStream()
+    first = own.take(None)
+    assert first is not None and own.reader == first
+    # Nothing named: refused while the first reads.
+    assert own.take(None) is None
+    woken = asyncio.ensure_future(own.wait(resumable.KEEP_S))
+    await asyncio.sleep(0)  # the first reader's pump waits
+    second = own.take(0)
+    assert second is not None and second != first and own.reader == second
+    assert await woken  # the first reader's pump wakes, and finds it is no longer the reader
+    # The first reader stopping does not free the stream the second reads; the second's does.
+    own.release(first)
+    assert own.reader == second and own.take(None) is None
+    own.release(second)
+    assert own.reader == 0 and own.take(None) is not None
+
+
+async def test_the_stream_waits_for_something_queued_or_its_keep_alive() -> None:
+    own = resumable.SessionStream()
+    assert not await own.wait(0.01)  # nothing: the keep-alive is due
+    waiting = asyncio.ensure_future(own.wait(resumable.KEEP_S))
+    await asyncio.sleep(0)  # it waits
+    own.wake()
+    assert await waiting

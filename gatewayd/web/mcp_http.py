@@ -227,17 +227,33 @@ async def handle_get(request: web.Request) -> web.StreamResponse:
     resumed = session.replays.find(request.headers.get(LAST_EVENT_ID))
     if resumed is not None:
         return await _resume(request, session, *resumed, state.settings.sse_keepalive)
-    if session.stream_open:
+    return await _session_stream(request, session, state.settings.sse_keepalive)
+
+
+async def _session_stream(request: web.Request, session: Session, keepalive: float) -> web.StreamResponse:
+    """The session's own stream on this connection (taken over from an older one when the client names an event of
+    it): what came after that event, then what the session hears, until the session ends, this connection closes or
+    a newer one takes over (resumable.SessionStream)."""
+    own = session.stream
+    after = own.after(request.headers.get(LAST_EVENT_ID))
+    reader = own.take(after)
+    if reader is None:
         raise HttpError(409, "this session already has an open GET stream")
+    forget = limits.on_disconnect(request)(functools.partial(own.release, reader))
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
-    await response.prepare(request)
-    session.stream_open = True
     try:
-        await _stream_session(response, session, state.settings.sse_keepalive)
+        await response.prepare(request)
+        opening, lost = own.opening(after)
+        if lost:
+            logger.warning("client=%s GET stream taken up again: %d event(s) it missed are no longer kept",
+                           session.client, lost)
+        await response.write(opening)
+        await _stream_session(response, session, reader, keepalive)
     except ConnectionError:
-        logger.debug("client=%s GET stream closed", principal.name)
+        logger.debug("client=%s GET stream closed", session.client)
     finally:
-        session.stream_open = False
+        forget()
+        own.release(reader)
     return response
 
 
@@ -260,17 +276,24 @@ async def _resume(request: web.Request, session: Session, replay: Replay, after:
     return response
 
 
-async def _stream_session(response: web.StreamResponse, session: Session, keepalive: float) -> None:
-    while True:
-        try:
-            async with asyncio.timeout(keepalive):
-                message = await session.outbound.get()
-        except TimeoutError:
-            await response.write(sse.KEEPALIVE)
-            continue
-        if message is None:
+async def _stream_session(response: web.StreamResponse, session: Session, reader: int, keepalive: float) -> None:
+    """What the session hears, numbered, as it comes, with keep-alives; while `reader` is the stream's reader."""
+    own, queue = session.stream, session.outbound
+    while own.reader == reader:
+        events: list[bytes] = []
+        ended = False
+        while not queue.empty():
+            message = queue.get_nowait()
+            if message is None:
+                ended = True
+                break
+            events.append(own.framed(bodies.event(message)))
+        if events:
+            await response.write(b"".join(events))
+        if ended:
             return
-        await response.write(bodies.event(message))
+        if not events and not await own.wait(keepalive):
+            await response.write(sse.KEEPALIVE)
 
 
 async def handle_delete(request: web.Request) -> web.Response:

@@ -527,6 +527,8 @@ async def test_sdk_client_ignores_sse_keep_alive_comments(tmp_path: Path) -> Non
         }
         async with http.get(gateway.url, headers=headers) as stream:
             assert stream.status == 200
+            priming = [await stream.content.readline() for _ in range(4)]  # its id, retry, empty data, the end
+            assert priming[0].startswith(b"id: ") and priming[2:] == [b"data:\n", b"\n"]
             assert await stream.content.readline() == b": keep-alive\n"
         # About twenty of them interleave with the progress of a one-second call, on its POST stream
         # and on the SDK's GET stream.

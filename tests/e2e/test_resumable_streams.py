@@ -94,16 +94,19 @@ async def test_a_stream_whose_connection_held_is_not_resumed(daemon: tuple[Daemo
         async with http.post(running.url, json=progress_call(2), headers=headers) as response:
             whole = [event async for event in sse_events(response)]
         # Every event reached the client: nothing of that stream is sent again, and its id opens the session's own
-        # stream, whose first event is the next thing the session is told.
+        # stream (stream 0), whose first event after its priming is the next thing the session is told.
         async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
                                                   "Last-Event-ID": whole[-1]["id"]}) as standalone:
             assert standalone.status == 200
+            events = sse_events(standalone)
+            priming = await anext(events)
             changed = await mcp_post(http, running.url, token, {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
                                                                 "params": {"name": "fault__change_tools"}},
                                      headers[SESSION_HEADER])
-            told = await anext(sse_events(standalone))
+            told = await anext(events)
     assert whole[0]["data"] == "" and json.loads(whole[-1]["data"])["id"] == CALL_ID
-    assert changed.status == 200 and "id" not in told
+    assert priming == {"id": "0-0", "retry": str(RETRY_MS), "data": ""}
+    assert changed.status == 200 and told["id"] == "0-1"
     assert json.loads(told["data"])["method"] == "notifications/tools/list_changed"
 
 
