@@ -7,8 +7,9 @@ a `retry` telling the client how long to wait before reconnecting, no data) and 
 timeout), the call goes on, as MCP asks (a dropped stream is not a cancellation), and what it says from then on,
 its answer too, is kept: the client reconnects with a GET carrying `Last-Event-ID` and is sent every event after
 that one, then the rest as it comes, the answer last, and that response ends. The same serves a stream whose
-connection the gateway ends itself (settings `sse_poll_after`: SEP-1699 polling). A stream whose events all reached
-the connection is forgotten when the call ends.
+connection the gateway ends itself (settings `sse_poll_after`: SEP-1699 polling), and one whose connection the
+gateway still holds (a network gone without a word: the connection is let go, the client says it lost it). A stream
+whose events all reached the connection is forgotten when the call ends.
 
 The session's own GET stream (what the session hears outside its calls: lists changed, resources updated, task
 statuses, a child's questions outside a call) is stream `0`: primed and numbered the same way, its last LIVE_EVENTS
@@ -53,7 +54,7 @@ SESSION_STREAM: Final = "0"
 class Replay:
     """One call stream's events by number, for a client that reconnects."""
 
-    __slots__ = ("id", "_head", "events", "_numbers", "ended", "reading", "detached", "_more")
+    __slots__ = ("id", "_head", "events", "_numbers", "ended", "cut", "detached", "_more")
 
     def __init__(self, stream_id: str) -> None:
         self.id = stream_id
@@ -64,9 +65,11 @@ class Replay:
         self._numbers = itertools.count(1)
         # The call ended: its answer is the last event. None while it runs; then time.monotonic() of its end.
         self.ended: float | None = None
-        # Whether a reconnection reads it now (one at a time).
-        self.reading = False
-        # Its first connection dropped: only now may a reconnection have it (each event goes on one stream only).
+        # How the connection that reads the stream now is let go (its first one, or a reconnection): a client that
+        # names the stream again lost that connection, though the gateway may not know it yet.
+        self.cut: Callable[[], None] | None = None
+        # Its first connection dropped, or was let go: only now may a reconnection read it (each event goes on one
+        # stream only).
         self.detached = False
         self._more = asyncio.Event()
 
@@ -79,7 +82,7 @@ class Replay:
         number = next(self._numbers)
         framed = b"id: %s-%d\n%s" % (self._head, number, event)
         self.events.append((number, framed))
-        if self.reading:
+        if self.detached:
             self._more.set()
         return framed
 
@@ -88,6 +91,20 @@ class Replay:
         if not self.detached:
             self.detached = True
             self.events = collections.deque(self.events, maxlen=MAX_EVENTS)
+
+    def take_over(self, cut: Callable[[], None]) -> None:
+        """A reconnection reads the stream from now on, and `cut` lets it go in turn: the connection that read it
+        until now is let go (the client lost it), and what that one did not carry waits for this one."""
+        previous, self.cut = self.cut, cut
+        if previous is not None:
+            previous()
+        self.detach()
+        self._more.set()  # an earlier reconnection's `send` ends
+
+    def let_go(self, cut: Callable[[], None]) -> None:
+        """The reader `cut` lets go stopped reading."""
+        if self.cut is cut:
+            self.cut = None
 
     def end(self) -> None:
         """The call ended (its answer, if it has one, is framed already)."""
@@ -99,10 +116,11 @@ class Replay:
         return b"id: %s-%d\n" % (self._head, next(self._numbers))
 
     async def send(self, write: Callable[[bytes], Awaitable[None]], after: int, keepalive: float,
-                   keepalive_frame: bytes) -> None:
-        """Write every event after number `after`, then the rest as it comes, until the call's end (the answer
-        last); `keepalive_frame` whenever `keepalive` seconds pass without one."""
-        while True:
+                   keepalive_frame: bytes, reader: Callable[[], None]) -> bool:
+        """While `reader` (its `take_over` argument) reads the stream: write every event after number `after`, then
+        the rest as it comes, until the call's end (the answer last), and say it was all sent (True); False once
+        another reconnection took over. `keepalive_frame` whenever `keepalive` seconds pass without an event."""
+        while self.cut is reader:
             self._more.clear()
             pending = [(number, framed) for number, framed in self.events if number > after]
             if pending:
@@ -110,12 +128,13 @@ class Replay:
                 await write(b"".join(framed for _, framed in pending))
                 continue
             if self.ended is not None:
-                return
+                return True
             try:
                 async with asyncio.timeout(keepalive):
                     await self._more.wait()
             except TimeoutError:
                 await write(keepalive_frame)
+        return False
 
 
 class Replays:
@@ -154,7 +173,7 @@ class Replays:
         self._expire()
         named = _parse(last_event_id)
         replay = self._streams.get(named[0]) if named is not None else None
-        if named is None or replay is None or not replay.detached:
+        if named is None or replay is None:
             return None
         return replay, named[1]
 

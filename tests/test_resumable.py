@@ -7,6 +7,7 @@ tests/e2e/test_resumable_streams.py and tests/e2e/test_session_stream.py."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 
@@ -25,13 +26,30 @@ async def test_a_stream_is_primed_and_numbered_and_keeps_its_last_events_while_i
     for _ in range(LIVE_EVENTS + 10):
         replay.framed(EVENT)
     assert [number for number, _ in replay.events] == list(range(12, LIVE_EVENTS + 12))
-    # While its connection holds no reconnection may have it: each event goes on one stream only.
-    assert replays.find(f"{replay.id}-3") is None
+    assert replays.find(f"{replay.id}-3") == (replay, 3) and not replay.detached
     replay.detach()
     for _ in range(MAX_EVENTS + 5):
         replay.framed(EVENT)
     assert len(replay.events) == MAX_EVENTS and replay.events[-1][0] == LIVE_EVENTS + 11 + MAX_EVENTS + 5
-    assert replays.find(f"{replay.id}-3") == (replay, 3)
+
+
+async def test_a_reconnection_lets_go_of_whoever_read_the_stream_and_keeps_what_it_did_not_carry() -> None:
+    replay = Replays().open()
+    let_go: list[str] = []
+    replay.cut = lambda: let_go.append("first connection")  # as web/sse.py's stream sets it
+    replay.framed(EVENT)
+    second = functools.partial(let_go.append, "second")
+    replay.take_over(second)
+    # Each event goes on one stream only: the first connection is let go, and the stream kept whole from here.
+    assert let_go == ["first connection"] and replay.detached and replay.cut is second
+    third = functools.partial(let_go.append, "third")
+    replay.take_over(third)
+    assert let_go == ["first connection", "second"] and replay.cut is third
+    # A reader that ended after it was let go leaves the newer one be.
+    replay.let_go(second)
+    assert replay.cut is third
+    replay.let_go(third)
+    assert replay.cut is None
 
 
 async def test_only_a_well_formed_id_of_a_kept_stream_is_found() -> None:
@@ -70,16 +88,37 @@ async def test_a_reconnection_is_sent_what_follows_its_id_then_the_rest_as_it_co
         written.append(data)
         wrote.set()
 
-    replay.reading = True  # as the reconnecting GET marks it (web/mcp_http.py): the one reader
-    sending = asyncio.ensure_future(replay.send(write, 1, keepalive=60.0, keepalive_frame=b": k\n\n"))
+    reader = functools.partial(written.append, b"let go")
+    replay.take_over(reader)  # as the reconnecting GET does (web/mcp_http.py)
+    sending = asyncio.ensure_future(replay.send(write, 1, keepalive=60.0, keepalive_frame=b": k\n\n",
+                                                reader=reader))
     await asyncio.wait_for(wrote.wait(), 5)
     assert written == [b"".join(framed for number, framed in replay.events if number > 1)]
     wrote.clear()
     replay.framed(b"event: message\ndata: {\"id\":1}\n\n")
     await asyncio.wait_for(wrote.wait(), 5)  # sent as it comes
     replay.end()
-    await asyncio.wait_for(sending, 5)
+    assert await asyncio.wait_for(sending, 5)
     assert written[-1].startswith(b"id: %s-4\n" % replay.id.encode()) and len(written) == 2
+
+
+async def test_a_reconnection_taken_over_stops_sending() -> None:
+    replay = Replays().open()
+    written: list[bytes] = []
+    wrote = asyncio.Event()
+
+    async def write(data: bytes) -> None:
+        written.append(data)
+        wrote.set()
+
+    first = functools.partial(written.append, b"first let go")
+    replay.take_over(first)
+    replay.framed(EVENT)
+    sending = asyncio.ensure_future(replay.send(write, 0, keepalive=60.0, keepalive_frame=b": k\n\n", reader=first))
+    await asyncio.wait_for(wrote.wait(), 5)  # then it waits for more
+    replay.take_over(functools.partial(written.append, b"second let go"))
+    assert not await asyncio.wait_for(sending, 5)  # not all sent: the newer reconnection sends the rest
+    assert written == [replay.events[0][1], b"first let go"]
 
 
 async def test_a_reconnection_waiting_for_more_is_kept_alive() -> None:
@@ -92,8 +131,10 @@ async def test_a_reconnection_waiting_for_more_is_kept_alive() -> None:
         written.append(data)
         alive.set()
 
-    replay.reading = True
-    sending = asyncio.ensure_future(replay.send(write, 0, keepalive=0.01, keepalive_frame=b": k\n\n"))
+    reader = functools.partial(written.append, b"let go")
+    replay.take_over(reader)
+    sending = asyncio.ensure_future(replay.send(write, 0, keepalive=0.01, keepalive_frame=b": k\n\n",
+                                                reader=reader))
     await asyncio.wait_for(alive.wait(), 5)
     replay.end()
     await asyncio.wait_for(sending, 5)

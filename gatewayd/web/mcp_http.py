@@ -259,21 +259,28 @@ async def _session_stream(request: web.Request, session: Session, keepalive: flo
 
 async def _resume(request: web.Request, session: Session, replay: Replay, after: int,
                   keepalive: float) -> web.StreamResponse:
-    """A GET with the `Last-Event-ID` of one of the session's call streams: every event of it after that one, the
-    rest as it comes, its answer last; then this response ends (resumable.py)."""
-    if replay.reading:
-        raise HttpError(409, "this stream is being resumed on another connection")
+    """A GET with the `Last-Event-ID` of one of the session's call streams: taken over from the connection that read
+    it (which the client lost), every event of it after that one, the rest as it comes, its answer last; then this
+    response ends (resumable.py)."""
+    cut = functools.partial(_abort, request)
+    replay.take_over(cut)
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
-    await response.prepare(request)
-    replay.reading = True
     try:
-        await replay.send(response.write, after, keepalive, sse.KEEPALIVE)
-        session.replays.delivered(replay)
+        await response.prepare(request)
+        if await replay.send(response.write, after, keepalive, sse.KEEPALIVE, cut):
+            session.replays.delivered(replay)
     except ConnectionError:
         logger.debug("client=%s resumed stream %s closed again", session.client, replay.id)
     finally:
-        replay.reading = False
+        replay.let_go(cut)
     return response
+
+
+def _abort(request: web.Request) -> None:
+    """Close the connection of `request` at once: a reconnection took over what it carried."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
 
 
 async def _stream_session(response: web.StreamResponse, session: Session, reader: int, keepalive: float) -> None:

@@ -132,7 +132,19 @@ class CallStream:
         if self._replay is None:
             assert self._replays is not None
             self._replay = self._replays.open()
+            self._replay.cut = self._let_go
         return self._replay
+
+    def _let_go(self) -> None:
+        """A reconnection took the stream over: the client lost this connection, though it may not look closed (a
+        network gone without a word). It is closed at once (a write waiting on it ends), and what the call says from
+        here goes to the reconnection (what was queued is in the replay already)."""
+        self._broke()
+        self._events.clear()
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
+        self._wake(False)
 
     def _wake(self, idle: bool) -> None:
         waiter = self._waiter
@@ -151,7 +163,7 @@ class CallStream:
                 await response.write(self._resumable().priming())
                 if self._poll_after:
                     self._poll = self._deadlines.call_later(self._poll_after, self._end_connection)
-            while True:
+            while not self.broken:
                 if self._poll_due and not self._finished:
                     await self._end_for_poll(response)
                     return

@@ -11,6 +11,7 @@ connection itself (SEP-1699 polling) and the client comes back for the rest the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,12 +26,15 @@ from tests.daemon import Daemon, faultsrv_command, gatewayctl, write_config
 from tests.e2e.test_mcp_sdk import (
     SESSION_HEADER,
     TEST_DEADLINE,
+    bearer,
     http_session,
     mcp_post,
     raw_session,
+    sdk_client,
     session_headers,
     sse_events,
 )
+from tests.outage import behind_outage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -85,6 +89,53 @@ async def test_a_dropped_call_stream_is_taken_up_again_with_last_event_id(daemon
     assert [event["id"] for event in rest] == [f"{stream}-{number}" for number in range(2, 2 + len(rest))]
     assert [message["params"]["message"].split()[:2] for message in messages[:2]] == [["step", "2"], ["step", "3"]]
     assert messages[-1]["id"] == CALL_ID and messages[-1]["result"]["structuredContent"] == {"value": {"steps": 3}}
+
+
+async def test_a_reconnection_takes_the_stream_over_from_a_connection_the_gateway_still_holds(
+        daemon: tuple[Daemon, str]) -> None:
+    running, token = daemon
+    async with asyncio.timeout(TEST_DEADLINE), http_session() as http:
+        headers = await session(http, running, token)
+        lost = await http.post(running.url, json=progress_call(3), headers=headers)
+        first: list[dict[str, Any]] = []
+        async for event in sse_events(lost):
+            first.append(event)
+            if event.get("data"):
+                break  # the first step: then this client hears nothing more of the connection, which stays open
+        async with http.get(running.url, headers={**headers, "Accept": "text/event-stream",
+                                                  "Last-Event-ID": first[-1]["id"]}) as resumed:
+            assert resumed.status == 200
+            rest = [json.loads(event["data"]) async for event in sse_events(resumed)]  # ends with the answer
+        # The connection taken over was closed: whatever reached it before, the answer did not.
+        on_lost: list[dict[str, Any]] = []
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            on_lost += [json.loads(event["data"]) async for event in sse_events(lost) if event.get("data")]
+    assert [message["params"]["message"].split()[1] for message in rest
+            if message.get("method") == "notifications/progress"] == ["2", "3"]
+    assert rest[-1]["id"] == CALL_ID and rest[-1]["result"]["structuredContent"] == {"value": {"steps": 3}}
+    assert not any(message.get("id") == CALL_ID for message in on_lost)
+
+
+async def test_the_sdk_client_gets_its_answer_after_its_network_went_away_mid_call(tmp_path: Path) -> None:
+    tokens = write_config(tmp_path, {"fault": faultsrv_command("--mcp") + '\nprotocol = "mcp"\n'},
+                          '[roles.agent]\nallow = ["fault.*"]\n', {"agent": ["agent"]})
+    steps: list[float] = []
+    first_step = asyncio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        steps.append(progress)
+        first_step.set()
+
+    async with asyncio.timeout(TEST_DEADLINE), behind_outage(tmp_path) as (outage, _), \
+            sdk_client(outage.url, bearer(tokens["agent"])) as client:
+        call = asyncio.ensure_future(client.call_tool("fault__progress", {"steps": 4, "interval": 0.3},
+                                                      progress_callback=on_progress))
+        await first_step.wait()
+        outage.drop()  # the gateway still holds the call's connection, and writes the next steps to it
+        # The SDK reconnects after the `retry` its stream's priming event gave, naming the last event it got.
+        result = await call
+    assert result.structured_content == {"value": {"steps": 4}}
+    assert steps == [1, 2, 3, 4]
 
 
 async def test_a_stream_whose_connection_held_is_not_resumed(daemon: tuple[Daemon, str]) -> None:

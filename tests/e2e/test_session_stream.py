@@ -3,8 +3,8 @@ still holds the connection it lost, and one naming the last event it got is sent
 SessionStream, web/mcp_http.py), through the real daemon and with the official SDK's client.
 
 What the session hears outside its calls here is the fault fixture's `change_tools`: each call makes the child say its
-tools changed, and the gateway tells the session on its GET stream. A network that goes away without a word is a TCP
-relay in front of the daemon that drops its clients' side and holds the daemon's open.
+tools changed, and the gateway tells the session on its GET stream. A network that goes away without a word is
+tests/outage.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pytest
 import pytest_asyncio
 from mcp.client.session import IncomingMessage
 from mcp_types import ToolListChangedNotification
-from yarl import URL
 
 from gatewayd.resumable import RETRY_MS
 from tests.daemon import Daemon, faultsrv_command, status, write_config
@@ -34,6 +33,7 @@ from tests.e2e.test_mcp_sdk import (
     session_headers,
     sse_events,
 )
+from tests.outage import behind_outage
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -127,61 +127,6 @@ async def test_a_client_whose_connection_closed_gets_its_stream_again_at_once(da
     assert priming["data"] == "" and heard["method"] == LIST_CHANGED
 
 
-class Outage:
-    """A TCP relay to the daemon whose clients' side can be dropped while the daemon's side is held open: to the
-    gateway the connections live on, and what it writes to them goes nowhere."""
-
-    def __init__(self) -> None:
-        # The daemon's port, once it runs (the relay listens first: the daemon must accept the relay's Host).
-        self.port = 0
-        self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self._pipes: set[asyncio.Task[None]] = set()
-        self._dropped: set[asyncio.StreamWriter] = set()
-        self.host = self.url = ""
-
-    async def __aenter__(self) -> Outage:
-        self._server = await asyncio.start_server(self._link, "127.0.0.1", 0)
-        self.host = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        self.url = f"http://{self.host}/mcp"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-        for pipe in self._pipes:
-            pipe.cancel()
-        await asyncio.gather(*self._pipes, return_exceptions=True)
-        for client, daemon in self._links:
-            client.transport.abort()
-            daemon.transport.abort()
-
-    def drop(self) -> None:
-        """Every client's connection goes, without a word to the daemon."""
-        for client, daemon in self._links:
-            self._dropped.add(daemon)
-            client.transport.abort()
-
-    async def _link(self, reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
-        daemon_reader, daemon = await asyncio.open_connection("127.0.0.1", self.port)
-        self._links.append((client, daemon))
-        for source, sink, kept in ((reader, daemon, daemon), (daemon_reader, client, daemon)):
-            pipe = asyncio.ensure_future(self._pipe(source, sink, kept))
-            self._pipes.add(pipe)
-            pipe.add_done_callback(self._pipes.discard)
-
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter,
-                    daemon: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                if daemon in self._dropped:
-                    continue  # the daemon's side is held open, read and unheard
-                sink.write(data)
-                await sink.drain()
-        except ConnectionError:
-            pass
-        if daemon not in self._dropped:
-            sink.close()
-
-
 async def test_the_sdk_client_hears_what_was_said_while_its_network_was_gone(tmp_path: Path) -> None:
     changed = asyncio.Event()
 
@@ -192,9 +137,7 @@ async def test_the_sdk_client_hears_what_was_said_while_its_network_was_gone(tmp
     tokens = write_config(tmp_path, {"fault": faultsrv_command("--mcp") + '\nprotocol = "mcp"\n'},
                           '[roles.agent]\nallow = ["fault.*"]\n', {"agent": ["agent"]})
     token = tokens["agent"]
-    async with asyncio.timeout(TEST_DEADLINE), Outage() as outage, \
-            Daemon(tmp_path, "--allowed-hosts", outage.host) as running, http_session() as http:
-        outage.port = URL(running.url).port or 0
+    async with asyncio.timeout(TEST_DEADLINE), behind_outage(tmp_path) as (outage, running), http_session() as http:
         async with sdk_client(outage.url, bearer(token), message_handler=on_message) as client:
             await client.list_tools()
             [sdk_session] = [entry["id"] for entry in (await status(running.config_dir))["session_list"]]
