@@ -102,8 +102,8 @@ class Replay:
         self._more.set()  # an earlier reconnection's `send` ends
 
     def let_go(self, cut: Callable[[], None]) -> None:
-        """The reader `cut` lets go stopped reading."""
-        if self.cut is cut:
+        """The reader `cut` lets go stopped reading (equal, not the same: a bound method is made anew each time)."""
+        if self.cut == cut:
             self.cut = None
 
     def end(self) -> None:

@@ -122,6 +122,7 @@ class CallStream:
         self.broken = True
         if self._replay is not None:
             self._replay.detach()
+            self._replay.let_go(self._let_go)  # nothing left to let go of
 
     def _open(self) -> None:
         if self._pump is None and not self._finished:
@@ -272,6 +273,7 @@ class CallStream:
         replay = self._replay
         if replay is None:
             return
+        replay.let_go(self._let_go)
         replay.end()
         if delivered:
             assert self._replays is not None
