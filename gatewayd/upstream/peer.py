@@ -61,10 +61,10 @@ RELATED_REQUEST = "io.modelcontextprotocol/related-request-id"
 # Answers a request the child sent: the reply message to write back, or None to send it later (`Peer.reply`).
 RequestHandler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
-# The head of a response whose `jsonrpc` and `id` members come first (as JSON-RPC libraries write them), followed by
-# its `result` or `error`: the top-level object for certain, so the id is the call's (`Peer.overlong`).
-_ANSWER_HEAD = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*(\d+)'
-                          rb'|"id"\s*:\s*(\d+)\s*,\s*"jsonrpc"\s*:\s*"2\.0")\s*,\s*"(?:result|error)"\s*:')
+# The head of a response whose `id` member comes first (after `jsonrpc`, or before it, or without it), followed by its
+# `result` or `error`: the top-level object for certain, so the id is the call's (`Peer.overlong`).
+_ANSWER_HEAD = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(\d+)\s*,\s*'
+                          rb'(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"(?:result|error)"\s*:')
 # A response written the other way round: its `result` or `error` first (after `jsonrpc`, if that comes first) and
 # its `id` last. Only the top-level object's last member is followed by nothing but its closing brace, and a `"`
 # after `,` or `{` opens a key (one inside a string would be escaped), so that id is the call's too.
@@ -72,15 +72,17 @@ _RESPONSE_HEAD = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"(?:res
 _ID_TAIL = re.compile(rb'[{,]\s*"id"\s*:\s*(\d+)\s*\}\s*\Z')
 
 
-def answered_id(head: bytes, tail: bytes | None) -> int | None:
+def answered_id(head: bytes, tail: bytes | None, only: int | None = None) -> int | None:
     """The id of the call an overlong line answers, from its first bytes and (once it has ended) its last bytes, when
-    they tell it for certain; else None."""
+    they tell it for certain; else None. `only`: the one request of the gateway's the child has not answered, if
+    there is one alone; a response (its head says so) whose id is elsewhere answers that one."""
     match = _ANSWER_HEAD.match(head)
     if match:
-        return int(match.group(1) or match.group(2))
-    if tail is not None and _RESPONSE_HEAD.match(head) and (match := _ID_TAIL.search(tail)):
         return int(match.group(1))
-    return None
+    if tail is None or not _RESPONSE_HEAD.match(head):
+        return None
+    match = _ID_TAIL.search(tail)
+    return int(match.group(1)) if match else only
 
 
 @dataclass
@@ -481,14 +483,20 @@ class Peer:
 
     def overlong(self, head: bytes, tail: bytes | None) -> None:
         """The child wrote a line over the limit (dropped, process.py `Lines`): told as it crosses the limit (`tail`
-        None) and again once it ends. If its head, or its head and tail, say it answers a pending call, that call
-        fails now instead of at its timeout."""
-        call_id = answered_id(head, tail)
+        None) and again once it ends. If its head, or its head and tail, say it answers a pending call, or it is a
+        response while only one call waits, that call fails now instead of at its timeout."""
+        call_id = answered_id(head, tail, self._alone())
         pending = self._pending.get(call_id) if call_id is not None else None
         if pending is None or pending.future.done():
             return
         pending.future.set_exception(unavailable(
             self.name, f"answered {pending.method} with a line over {MAX_LINE_BYTES} bytes", retryable=False))
+
+    def _alone(self) -> int | None:
+        """The id of the gateway's only request the child has not answered, if there is one alone."""
+        if len(self._pending) != 1 or self._listens:
+            return None
+        return next(iter(self._pending))
 
     def _non_finite(self, line: str) -> None:
         """A line with a number JSON cannot carry: if it answers a pending call, that call fails now (it could not

@@ -116,10 +116,11 @@ def test_the_head_of_an_answer_names_its_call_only_when_it_is_the_top_level_obje
 
     def named(head: bytes) -> int | None:
         match = _ANSWER_HEAD.match(head)
-        return int(match.group(1) or match.group(2)) if match else None
+        return int(match.group(1)) if match else None
 
     assert named(b'{"jsonrpc":"2.0","id":17,"result":"xxxx') == 17
     assert named(b'{ "id": 3, "jsonrpc": "2.0", "error": {"code"') == 3
+    assert named(b'{"id":8,"result":"xxxx') == 8
     # Anything else could be a nested "id", a notification, or an id the gateway never sends: not guessed.
     for head in (b'{"result":{"jsonrpc":"2.0","id":5,"result":1', b'{"jsonrpc":"2.0","method":"x","params":{"id":5',
                  b'{"jsonrpc":"2.0","id":"abc","result":', b'{"jsonrpc":"2.0","id":5}', b"xxxx"):
@@ -137,3 +138,13 @@ def test_a_response_s_id_at_its_end_names_its_call_once_the_line_has_ended() -> 
               (head, b'xx \\",\\"id\\":12}"}'), (head, b'xxxx","id":"12"}'), (b"xxxx", b',"id":12}'))
     for first, last in unsure:
         assert answered_id(first, last) is None, (first, last)
+
+
+def test_a_response_whose_id_is_neither_first_nor_last_answers_the_only_call_waiting() -> None:
+    head, tail = b'{"result":"xxxx', b'xxxx","id":7,"jsonrpc":"2.0"}'
+    assert answered_id(head, tail) is None  # several calls wait: which one it answers is not known
+    assert answered_id(head, tail, only=3) == 3  # one alone: a response answers it (the child's id is its own)
+    # Not before the line has ended, nor for what is no response, and an id the line does give wins.
+    assert answered_id(head, None, only=3) is None
+    assert answered_id(b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"', b'"}}', only=3) is None
+    assert answered_id(head, b'xxxx","id":12}', only=3) == 12

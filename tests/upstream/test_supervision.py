@@ -212,6 +212,20 @@ async def test_a_line_over_the_limit_with_its_id_last_fails_its_call_once_it_end
     assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
 
 
+async def test_a_line_over_the_limit_that_answers_the_only_call_waiting_fails_it_once_it_ends(
+    tmp_path: Path, servers: list[ToolServer]
+) -> None:
+    methods = {**FAULT_METHODS, "huge": {"timeout": "5s"}}
+    server = track(servers, fault_server(tmp_path, methods=methods))
+    started = time.monotonic()
+    # `{"result":"xx…","id":N,"jsonrpc":"2.0"}`: neither its head nor its end says which call; it is a response, and
+    # one call waits.
+    with pytest.raises(ToolServerUnavailable, match=f"answered huge with a line over {MAX_LINE_BYTES} bytes"):
+        await server.call_method("huge", {"size": MAX_LINE_BYTES + 1, "id_middle": True})
+    assert time.monotonic() - started < 5
+    assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
+
+
 async def test_response_with_unknown_id_is_dropped(tmp_path: Path, servers: list[ToolServer], caplog: Any) -> None:
     caplog.set_level(logging.WARNING)
     server = track(servers, fault_server(tmp_path))
