@@ -136,6 +136,8 @@ async def _status(request: web.Request) -> web.Response:
         "config": await request.app[RELOADER].status(), "servers": servers,
         "retiring": [server.status() for server in state.pool.retiring],
         "sessions": len(sessions), "session_list": [session.view() for session in sessions.all()],
+        # Open `subscriptions/listen` streams of MCP 2026-07-28 callers (listeners.py).
+        "listeners": len(state.listeners),
         "pending_approvals": len(registry),
         # Tasks of MCP 2026-07-28 callers (modern_tasks.py).
         "tasks": state.modern_tasks.status(),

@@ -425,8 +425,8 @@ def _status(args: argparse.Namespace) -> int:
     audit, config = body["audit"], body["config"]
     tasks = body.get("tasks", {"running": 0, "kept": 0})
     print(f"gatewayd {body['version']}  pid {body['pid']}  up {body['uptime_s']:.0f}s  sessions {body['sessions']}  "
-          f"tasks {tasks['running']} running/{tasks['kept']} kept  pending approvals {body['pending_approvals']}  "
-          f"audit {_audit_health(audit)}")
+          f"listen streams {body.get('listeners', 0)}  tasks {tasks['running']} running/{tasks['kept']} kept  "
+          f"pending approvals {body['pending_approvals']}  audit {_audit_health(audit)}")
     sync = "matches the files" if config["in_sync"] else "files on disk differ: run gatewayctl reload"
     print(f"listening on {body.get('url') or '-'}")
     print(f"config {config['config_dir']}: generation {config['generation']} ({sync})")

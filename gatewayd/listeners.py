@@ -37,7 +37,8 @@ TASKS_NOTIFICATION: Final = "notifications/tasks"
 MAX_TASK_SUBSCRIPTIONS: Final = 64
 # Open listen streams in all: each holds a connection and a queue; a client needs one or two.
 MAX_LISTENERS: Final = 1024
-# Open listen streams one client may hold, so that one client cannot take every slot.
+# Open listen streams one client may hold, so that one client cannot take every slot; a new one past it ends the
+# client's oldest.
 MAX_LISTENERS_PER_CLIENT: Final = 32
 # Resource URIs one listener may subscribe to (as a legacy session may hold surfaces.MAX_SUBSCRIPTIONS).
 MAX_RESOURCE_SUBSCRIPTIONS: Final = 1024
@@ -115,9 +116,14 @@ class Listeners:
         return len(self._open)
 
     def open(self, client: str, envelope: Envelope, subscription_id: Any, wanted: set[str]) -> Listener:
-        """A new listener of `client` (Overloaded past the limits); `close` it when its stream ends."""
+        """A new listener of `client` (Overloaded past the limit of all); `close` it when its stream ends. A client at
+        its own limit has its oldest stream ended to make room: most likely one whose network went away without a
+        word, which the gateway cannot tell from a quiet one (a client needs one or two)."""
         if self._per_client.get(client, 0) >= self.per_client:
-            raise Overloaded(f"this client holds {self.per_client} subscriptions/listen streams: close one")
+            oldest = next(listener for listener in self._open.values() if listener.client == client)
+            logger.info("client=%s holds %d subscriptions/listen streams: its oldest ended for a new one", client,
+                        self.per_client)
+            self.close(oldest)
         if len(self._open) >= self.limit:
             raise Overloaded("too many subscriptions/listen streams; retry later")
         listener = Listener(id=f"listen-{secrets.token_urlsafe(SESSION_ID_BYTES)}", client=client,

@@ -12,19 +12,20 @@ ENVELOPE = modern.Envelope("2026-07-28", {}, {}, None)
 META = {modern.VERSION_KEY: "2026-07-28", modern.CAPABILITIES_KEY: {}}
 
 
-def test_a_client_past_its_share_of_listen_streams_is_refused_and_others_are_not() -> None:
+def test_a_client_past_its_share_of_listen_streams_loses_its_oldest_and_past_the_limit_of_all_is_refused() -> None:
     registry = listeners.Listeners(limit=3, per_client=2)
     opened = [registry.open("a", ENVELOPE, n, {listeners.TOOLS_CHANGED}) for n in range(2)]
-    with pytest.raises(GatewayError) as refused:
-        registry.open("a", ENVELOPE, 3, set())
-    assert refused.value.code == OVERLOADED
-    registry.open("b", ENVELOPE, 1, set())
+    # Past its share, a client's oldest stream ends (its stream is told: None), and no other client's.
+    third = registry.open("a", ENVELOPE, 3, set())
+    assert opened[0].ended and opened[0].outbound.get_nowait() is None
+    assert not opened[1].ended and len(registry) == 2
+    b = registry.open("b", ENVELOPE, 1, set())
     with pytest.raises(GatewayError) as full:
         registry.open("c", ENVELOPE, 1, set())
     assert full.value.code == OVERLOADED
-    registry.close(opened[0])
-    registry.open("a", ENVELOPE, 4, set())
-    assert len(registry) == 3
+    registry.close(opened[1])
+    registry.open("c", ENVELOPE, 2, set())
+    assert len(registry) == 3 and not third.ended and not b.ended
 
 
 def test_too_many_resource_uris_are_refused() -> None:

@@ -674,6 +674,14 @@ def admit_post(request: web.Request, principal: Principal, messages: Sequence[Me
         request[SLOT_HOLDER] = principal.name
 
 
+def give_back_slot(request: web.Request) -> None:
+    """The request became a stream bounded by a limit of its own (a `subscriptions/listen`, as a session's GET stream
+    is): it is no call in flight, and gives its client's slot back now."""
+    holder = request.pop(SLOT_HOLDER, None)
+    if holder is not None:
+        request.app[CLIENT_LIMITER].release(holder)
+
+
 # -- the event loop's error reports ------------------------------------------------------------------
 
 # asyncio logs what it cannot raise (an accept failing for want of descriptors, an exception in a callback) with a

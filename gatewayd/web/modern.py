@@ -496,6 +496,9 @@ async def _listen(request: web.Request, state: DaemonState, principal: Principal
             raise MissingClientCapability(modern.TASKS_EXTENSION, extension=True)
         wanted.add(TASKS_NOTIFICATION)
     listener = state.listeners.open(principal.name, envelope, message.id, wanted)
+    limits.give_back_slot(request)
+    # A client that goes away frees its listener at once, not at the next keep-alive's write.
+    forget = limits.on_disconnect(request)(functools.partial(state.listeners.close, listener))
     followed: list[str] = []
     try:
         subscribed = await _subscribe(state, principal, listener, uris, message)
@@ -513,6 +516,7 @@ async def _listen(request: web.Request, state: DaemonState, principal: Principal
         logger.debug("client=%s listen stream closed", principal.name)
         return web.Response(status=204)
     finally:
+        forget()
         state.modern_tasks.unwatch(followed, listener)
         state.listeners.close(listener)
 

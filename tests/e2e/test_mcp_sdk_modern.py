@@ -21,6 +21,8 @@ import pytest
 import pytest_asyncio
 from mcp.shared.exceptions import MCPError
 
+from gatewayd.listeners import MAX_LISTENERS_PER_CLIENT
+from tests.daemon import status as daemon_status
 from tests.e2e.test_mcp_sdk import (
     AGENT_TOOLS,
     LEGACY_VERSION,
@@ -266,3 +268,56 @@ async def test_listeners_hear_only_of_changes_to_what_they_may_see(tmp_path: Pat
             for task in listeners:
                 task.cancel()
             await asyncio.gather(*listeners, return_exceptions=True)
+
+
+async def first_data(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The message of a stream's first event."""
+    async for line in response.content:
+        if line.startswith(b"data:"):
+            message: dict[str, Any] = json.loads(line[5:])
+            return message
+    raise AssertionError("the stream ended without an event")
+
+
+async def listeners_open(gateway: Gateway) -> int:
+    """Open `subscriptions/listen` streams, as `gatewayctl status` shows them."""
+    shown = await daemon_status(gateway.daemon.config_dir)
+    return int(shown["listeners"])
+
+
+async def test_a_listen_stream_its_client_closed_frees_its_slot_at_once(gateway: Gateway) -> None:
+    body = request("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+    async with asyncio.timeout(TEST_DEADLINE), aiohttp.ClientSession() as http:
+        before = await listeners_open(gateway)
+        response = await http.post(gateway.url, data=json.dumps(body), headers=headers(gateway.agent,
+                                                                                        "subscriptions/listen"))
+        assert (await first_data(response))["method"] == "notifications/subscriptions/acknowledged"
+        assert await listeners_open(gateway) == before + 1
+        response.close()
+        # Not at the next keep-alive's write (15 s): as the connection closes.
+        while await listeners_open(gateway) != before:
+            pass
+
+
+async def test_a_client_past_its_share_of_listen_streams_has_its_oldest_ended_and_still_calls(
+        gateway: Gateway) -> None:
+    body = request("subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+    async with asyncio.timeout(TEST_DEADLINE), aiohttp.ClientSession() as http:
+        streams = []
+        for _ in range(MAX_LISTENERS_PER_CLIENT + 1):
+            response = await http.post(gateway.url, data=json.dumps(body),
+                                       headers=headers(gateway.agent, "subscriptions/listen"))
+            assert response.status == 200
+            assert (await first_data(response))["method"] == "notifications/subscriptions/acknowledged"
+            streams.append(response)
+        # The oldest ended, with the listen's result (as when the daemon ends it); the newest is open.
+        oldest = [json.loads(line[5:]) async for line in streams[0].content if line.startswith(b"data:")]
+        assert await listeners_open(gateway) == MAX_LISTENERS_PER_CLIENT
+        # A listen stream is no call in flight: with as many open as calls it may make at once, the client calls.
+        code, _, called = await post(gateway.url, request("tools/call", {"name": "calc__add",
+                                                                         "arguments": {"a": 1, "b": 2}}),
+                                     headers(gateway.agent, "tools/call", "calc__add"))
+        for response in streams:
+            response.close()
+    assert oldest[-1]["id"] == 7 and "result" in oldest[-1]
+    assert code == 200 and called["result"]["structuredContent"] == {"result": 3}
