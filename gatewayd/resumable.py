@@ -51,12 +51,39 @@ MAX_ID_CHARS: Final = 40
 SESSION_STREAM: Final = "0"
 
 
-class Replay:
+# How the connection reading a stream is let go: closing it at once (a write waiting on it ends).
+Cut = Callable[[], None]
+
+
+class _Read:
+    """A stream one connection reads at a time: `cut` lets that one go. A client that names the stream again lost
+    that connection, though the gateway may not know it yet (a network gone without a word): the newer one takes
+    over."""
+
+    __slots__ = ("cut",)
+
+    def __init__(self) -> None:
+        self.cut: Cut | None = None
+
+    def _hand_to(self, cut: Cut) -> None:
+        """`cut`'s connection reads the stream from now on: the one that read it until now is let go."""
+        previous, self.cut = self.cut, cut
+        if previous is not None:
+            previous()
+
+    def let_go(self, cut: Cut) -> None:
+        """The reader `cut` lets go stopped reading (equal, not the same: a bound method is made anew each time)."""
+        if self.cut == cut:
+            self.cut = None
+
+
+class Replay(_Read):
     """One call stream's events by number, for a client that reconnects."""
 
-    __slots__ = ("id", "_head", "events", "_numbers", "ended", "cut", "detached", "_more")
+    __slots__ = ("id", "_head", "events", "_numbers", "ended", "detached", "_more")
 
     def __init__(self, stream_id: str) -> None:
+        super().__init__()
         self.id = stream_id
         self._head = stream_id.encode("ascii")
         # While the first connection holds, the last LIVE_EVENTS (trimmed by the deque itself: this is on every
@@ -65,9 +92,6 @@ class Replay:
         self._numbers = itertools.count(1)
         # The call ended: its answer is the last event. None while it runs; then time.monotonic() of its end.
         self.ended: float | None = None
-        # How the connection that reads the stream now is let go (its first one, or a reconnection): a client that
-        # names the stream again lost that connection, though the gateway may not know it yet.
-        self.cut: Callable[[], None] | None = None
         # Its first connection dropped, or was let go: only now may a reconnection read it (each event goes on one
         # stream only).
         self.detached = False
@@ -92,19 +116,12 @@ class Replay:
             self.detached = True
             self.events = collections.deque(self.events, maxlen=MAX_EVENTS)
 
-    def take_over(self, cut: Callable[[], None]) -> None:
-        """A reconnection reads the stream from now on, and `cut` lets it go in turn: the connection that read it
-        until now is let go (the client lost it), and what that one did not carry waits for this one."""
-        previous, self.cut = self.cut, cut
-        if previous is not None:
-            previous()
+    def take_over(self, cut: Cut) -> None:
+        """A reconnection reads the stream from now on (its first connection, or an earlier reconnection, let go),
+        and `cut` lets it go in turn; what the one before did not carry waits for this one."""
+        self._hand_to(cut)
         self.detach()
         self._more.set()  # an earlier reconnection's `send` ends
-
-    def let_go(self, cut: Callable[[], None]) -> None:
-        """The reader `cut` lets go stopped reading (equal, not the same: a bound method is made anew each time)."""
-        if self.cut == cut:
-            self.cut = None
 
     def end(self) -> None:
         """The call ended (its answer, if it has one, is framed already)."""
@@ -116,7 +133,7 @@ class Replay:
         return b"id: %s-%d\n" % (self._head, next(self._numbers))
 
     async def send(self, write: Callable[[bytes], Awaitable[None]], after: int, keepalive: float,
-                   keepalive_frame: bytes, reader: Callable[[], None]) -> bool:
+                   keepalive_frame: bytes, reader: Cut) -> bool:
         """While `reader` (its `take_over` argument) reads the stream: write every event after number `after`, then
         the rest as it comes, until the call's end (the answer last), and say it was all sent (True); False once
         another reconnection took over. `keepalive_frame` whenever `keepalive` seconds pass without an event."""
@@ -197,21 +214,18 @@ def _parse(last_event_id: str | None) -> tuple[str, int] | None:
     return (stream, int(number)) if number.isascii() and number.isdigit() else None
 
 
-class SessionStream:
-    """A session's own GET stream: its event ids, the last LIVE_EVENTS events it wrote, and which connection reads
-    it (by number: a newer reader ends an older one's pump at its next turn). Every session has one, most never
-    read: nothing is allocated until it is."""
+class SessionStream(_Read):
+    """A session's own GET stream: its event ids, the last LIVE_EVENTS events it wrote, and the connection that reads
+    it. Every session has one, most never read: nothing is allocated until it is."""
 
-    __slots__ = ("_head", "sent", "last", "reader", "_readers", "_waiter")
+    __slots__ = ("_head", "sent", "last", "_waiter")
 
     def __init__(self) -> None:
+        super().__init__()
         self._head = SESSION_STREAM.encode("ascii")
         self.sent: collections.deque[tuple[int, bytes]] | None = None
         # The number of the last event written (0: none yet).
         self.last = 0
-        # The reader now (0: none: released when its connection closes), and the last number given to one.
-        self.reader = 0
-        self._readers = 0
         # What the reader's pump waits on while nothing is queued.
         self._waiter: asyncio.Future[None] | None = None
 
@@ -220,20 +234,19 @@ class SessionStream:
         named = _parse(last_event_id)
         return named[1] if named is not None and named[0] == SESSION_STREAM and named[1] <= self.last else None
 
-    def take(self, after: int | None) -> int | None:
-        """A new reader's number, or None while another connection reads the stream and this one names no event of
-        it."""
-        if self.reader and after is None:
-            return None
-        self._readers += 1
-        self.reader = self._readers
+    def take(self, after: int | None, cut: Cut) -> bool:
+        """Whether `cut`'s connection reads the stream from now on: not while another one reads it, unless this one
+        names an event of it (then the other is let go)."""
+        if self.cut is not None and after is None:
+            return False
+        self._hand_to(cut)
         self.wake()  # an older reader's pump ends
-        return self.reader
+        return True
 
-    def release(self, reader: int) -> None:
-        """Reader `reader` stopped, or its connection closed: the stream is free, and its pump ends."""
-        if self.reader == reader:
-            self.reader = 0
+    def release(self, cut: Cut) -> None:
+        """The reader `cut` lets go stopped, or its connection closed: the stream is free, and its pump ends."""
+        if self.cut == cut:
+            self.cut = None
             self.wake()
 
     def opening(self, after: int | None) -> tuple[bytes, int]:

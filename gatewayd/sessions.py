@@ -73,7 +73,7 @@ class Session:
     @property
     def stream_open(self) -> bool:
         """Whether a connection reads the session's GET stream."""
-        return self.stream.reader != 0
+        return self.stream.cut is not None
 
     @property
     def ended(self) -> bool:

@@ -184,20 +184,21 @@ def test_a_reader_naming_an_event_is_sent_what_came_after_it_and_told_what_is_no
 
 async def test_one_reader_at_a_time_a_reconnection_naming_an_event_takes_over() -> None:
     own = resumable.SessionStream()
-    first = own.take(None)
-    assert first is not None and own.reader == first
+    let_go: list[str] = []
+    first, second, third = (functools.partial(let_go.append, name) for name in ("first", "second", "third"))
+    assert own.take(None, first) and own.cut is first
     # Nothing named: refused while the first reads.
-    assert own.take(None) is None
+    assert not own.take(None, second) and own.cut is first
     woken = asyncio.ensure_future(own.wait(resumable.KEEP_S))
     await asyncio.sleep(0)  # the first reader's pump waits
-    second = own.take(0)
-    assert second is not None and second != first and own.reader == second
-    assert await woken  # the first reader's pump wakes, and finds it is no longer the reader
+    assert own.take(0, second) and own.cut is second
+    assert let_go == ["first"]  # its connection is let go (closed, in web/mcp_http.py)
+    assert await woken  # and its pump wakes, to find it no longer reads the stream
     # The first reader stopping does not free the stream the second reads; the second's does.
     own.release(first)
-    assert own.reader == second and own.take(None) is None
+    assert own.cut is second and not own.take(None, third)
     own.release(second)
-    assert own.reader == 0 and own.take(None) is not None
+    assert own.cut is None and own.take(None, third) and let_go == ["first"]
 
 
 async def test_the_stream_waits_for_something_queued_or_its_keep_alive() -> None:

@@ -24,7 +24,7 @@ from gatewayd.errors import GatewayError, HttpError, InvalidRequest
 from gatewayd.gateway import Gateway
 from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
-from gatewayd.resumable import Replay
+from gatewayd.resumable import Cut, Replay
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session
 from gatewayd.state import DaemonState
 from gatewayd.web import bodies, limits, modern, sse
@@ -236,10 +236,10 @@ async def _session_stream(request: web.Request, session: Session, keepalive: flo
     a newer one takes over (resumable.SessionStream)."""
     own = session.stream
     after = own.after(request.headers.get(LAST_EVENT_ID))
-    reader = own.take(after)
-    if reader is None:
+    cut = functools.partial(_abort, request)
+    if not own.take(after, cut):
         raise HttpError(409, "this session already has an open GET stream")
-    forget = limits.on_disconnect(request)(functools.partial(own.release, reader))
+    forget = limits.on_disconnect(request)(functools.partial(own.release, cut))
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
     try:
         await response.prepare(request)
@@ -248,12 +248,12 @@ async def _session_stream(request: web.Request, session: Session, keepalive: flo
             logger.warning("client=%s GET stream taken up again: %d event(s) it missed are no longer kept",
                            session.client, lost)
         await response.write(opening)
-        await _stream_session(response, session, reader, keepalive)
+        await _stream_session(response, session, cut, keepalive)
     except ConnectionError:
         logger.debug("client=%s GET stream closed", session.client)
     finally:
         forget()
-        own.release(reader)
+        own.release(cut)
     return response
 
 
@@ -277,16 +277,16 @@ async def _resume(request: web.Request, session: Session, replay: Replay, after:
 
 
 def _abort(request: web.Request) -> None:
-    """Close the connection of `request` at once: a reconnection took over what it carried."""
+    """Close the connection of `request` at once: a reconnection took over the stream it carried."""
     transport = request.transport
     if transport is not None:
         transport.abort()
 
 
-async def _stream_session(response: web.StreamResponse, session: Session, reader: int, keepalive: float) -> None:
-    """What the session hears, numbered, as it comes, with keep-alives; while `reader` is the stream's reader."""
+async def _stream_session(response: web.StreamResponse, session: Session, cut: Cut, keepalive: float) -> None:
+    """What the session hears, numbered, as it comes, with keep-alives; while `cut`'s connection reads the stream."""
     own, queue = session.stream, session.outbound
-    while own.reader == reader:
+    while own.cut is cut:
         events: list[bytes] = []
         ended = False
         while not queue.empty():
