@@ -21,8 +21,10 @@ log lines). Also:
     MAX_HELD_UPDATES held across the agent's sessions;
   - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
     `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
-    `Delivery.host` (agents.py: policy, the confirmation gate, audit); anything else, and anything
-    outside a turn, refused at once, so the agent never waits;
+    `Delivery.host` (agents.py: policy, the confirmation gate, audit); between turns, what needs no new
+    decision about a terminal its session keeps (its output, waiting for its exit, killing or releasing it) is
+    answered from that session's terminals; anything else, and anything else outside a turn, refused at once, so
+    the agent never waits;
   - how long its terminals live: the turn's end ends them, or (tools.d `terminal_lifetime = "session"`) they
     are the session's, kept across its turns until the agent releases them, the session is forgotten
     (MAX_SESSIONS) or the agent's child ends (`ended`); such an agent is not stopped idle while one of them
@@ -44,7 +46,7 @@ from typing import Any
 
 from gatewayd import __version__
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import CallTimedOut, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
 from gatewayd.terminals import Terminals
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
@@ -78,6 +80,8 @@ PROMPT_SCHEMA = {
 HOSTED = frozenset({"session/request_permission", "fs/read_text_file", "fs/write_text_file"})
 TERMINAL = frozenset({"terminal/create", "terminal/output", "terminal/wait_for_exit", "terminal/kill",
                       "terminal/release"})
+# What an agent may ask of a terminal its session keeps between turns: nothing here runs a new command.
+KEPT_TERMINAL = TERMINAL - {"terminal/create"}
 UPDATE = "session/update"
 # A turn's updates passed on to its caller: an agent that floods is cut off there (its result still arrives).
 MAX_TURN_UPDATES = 10_000
@@ -146,6 +150,9 @@ class AcpDialect(Dialect):
         self._kept: dict[str, tuple[Connection, Terminals]] = {}
         # Kept terminals of sessions forgotten while the agent runs, being killed (awaited by `ended`).
         self._closing: set[asyncio.Task[None]] = set()
+        # The agent's requests about its sessions' kept terminals between turns, being answered, with the child that
+        # asked (ended by `ended`).
+        self._between_asks: dict[asyncio.Task[None], Connection] = {}
         # Updates of its sessions sent between their turns, oldest first, for each session's next turn.
         self._between: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(maxlen=MAX_HELD_UPDATES)
 
@@ -379,7 +386,13 @@ class AcpDialect(Dialect):
     def on_request(self, message: dict[str, Any], conn: Connection | None = None) -> dict[str, Any] | None:
         method = str(message.get("method"))
         params = message.get("params")
-        turn = self._turns.get(str(params.get("sessionId"))) if isinstance(params, dict) else None
+        session = str(params.get("sessionId")) if isinstance(params, dict) else ""
+        turn = self._turns.get(session)
+        if turn is None and method in KEPT_TERMINAL and conn is not None and method in self._hosted:
+            kept = self._kept.get(session)
+            if kept is not None and kept[0] is conn:
+                self._answer_between_turns(conn, session, kept[1], message)
+                return None
         host = turn.how.host if turn is not None else None
         if method not in self._hosted or turn is None or host is None or conn is None:
             why = "is not offered" if method not in self._hosted else "belongs to no turn a client is waiting for"
@@ -390,6 +403,26 @@ class AcpDialect(Dialect):
         turn.asks.add(ask)
         ask.add_done_callback(turn.asks.discard)
         return None
+
+    def _answer_between_turns(self, conn: Connection, session: str, terminals: Terminals,
+                              message: dict[str, Any]) -> None:
+        """A request about a terminal `session` keeps, between its turns (an agent checking on its dev server):
+        answered from the session's terminals, no new decision needed; ended with the agent's child."""
+        logger.info("server=%s session %.16s… %s between turns", self.name, session, message.get("method"))
+        ask = asyncio.get_running_loop().create_task(self._kept_terminal(conn, terminals, message),
+                                                     name=f"{self.name}-{message.get('method')}")
+        self._between_asks[ask] = conn
+        ask.add_done_callback(self._between_asks.pop)
+
+    async def _kept_terminal(self, conn: Connection, terminals: Terminals, message: dict[str, Any]) -> None:
+        params = message.get("params")
+        assert isinstance(params, dict)
+        try:
+            reply = {"jsonrpc": "2.0", "id": message.get("id"),
+                     "result": await terminals.handle(str(message.get("method")), params)}
+        except GatewayError as exc:
+            reply = {"jsonrpc": "2.0", "id": message.get("id"), "error": exc.to_wire()}
+        conn.reply(reply)
 
     async def _ask(self, turn: _Turn, host: Any, message: dict[str, Any]) -> None:
         """Answer one of the agent's requests through the host; while it waits (a person, say), the turn is not
@@ -442,7 +475,10 @@ class AcpDialect(Dialect):
         kept = [self._kept.pop(session)[1] for session in ended]
         for terminals in kept:
             terminals.kill()
-        await asyncio.gather(*(terminals.close() for terminals in kept), *self._closing, return_exceptions=True)
+        asks = [ask for ask, asker in self._between_asks.items() if asker is conn]
+        for ask in asks:
+            ask.cancel()  # nobody to answer
+        await asyncio.gather(*(terminals.close() for terminals in kept), *self._closing, *asks, return_exceptions=True)
 
     def _own(self, params: Any, how: Delivery) -> str:
         """The session a call names, if it is the caller's; another client's, or none, is unknown."""

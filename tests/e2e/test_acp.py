@@ -284,6 +284,21 @@ async def test_a_session_s_terminal_outlives_its_turn_and_keeps_its_agent_until_
     assert made == ["made term-1"] and peek == ["output 'started\\n' exit running"] and released == ["released"]
 
 
+async def test_between_turns_an_agent_checks_on_a_terminal_its_session_keeps(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice", "keeper")
+        command = "sh -c echo${IFS}started;sleep${IFS}0.3;echo${IFS}done"
+        made = await rig.said(http, "alice", session, f"background {command}", "keeper")
+        # The turn ends at once; the agent then waits for the command's exit and reads its output, outside any turn,
+        # and says so (held for the session's next turn).
+        watching = await rig.turn_on(http, "alice", "keeper", session, "watch term-1")
+        await rig.daemon.wait_log(rf"server=keeper session {session[:16]}… terminal/wait_for_exit between turns")
+        await rig.daemon.wait_log(rf"server=keeper session {session[:16]}… agent_message_chunk between turns: held")
+        then = await rig.said(http, "alice", session, "release term-1", "keeper")
+    assert made == ["made term-1"] and watching["result"] == {"stopReason": "end_turn"}
+    assert then == ["watched exit 0 output 'started\\ndone\\n'", "released"]
+
+
 async def kept_command(rig: Rig, http: aiohttp.ClientSession, name: str) -> tuple[str, int]:
     """A new session of `keeper` whose agent started a command in a terminal the session keeps: the session, and
     the command's pid."""

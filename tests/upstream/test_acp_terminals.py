@@ -8,6 +8,8 @@ how long the set of terminals the dialect hands it lives, not the policy (tests/
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gatewayd import terminals as acp_terminals
 from gatewayd.config.models import ServerConfig
 from gatewayd.errors import GatewayError
 from gatewayd.terminals import Terminals
@@ -80,3 +83,19 @@ async def test_a_forgotten_session_s_terminals_are_killed_while_its_agent_runs_o
     kept = await started(tmp_path / "second.pid")
     await keeper.stop()
     await eventually(lambda: process_gone(kept), what="the stopped agent's kept terminal ends")
+
+
+async def test_an_agent_waiting_between_turns_on_a_kept_terminal_is_let_go_when_it_stops(
+        keeper: ToolServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatewayd.upstream.acp")
+    session = await new_session(keeper, tmp_path)
+    assert await said(keeper, session, background(tmp_path / "watched.pid")) == ["made term-1"]
+    pid = await started(tmp_path / "watched.pid")
+    # The turn ends at once; the agent then waits for the command's exit, outside any turn: answered, not refused.
+    assert await said(keeper, session, "watch term-1") == []
+    await eventually(lambda: "terminal/wait_for_exit between turns" in caplog.text, what="the wait between turns")
+    assert "refused" not in caplog.text
+    # The agent stops while it waits: the wait is let go with it, and the terminal killed.
+    async with asyncio.timeout(acp_terminals.KILL_WAIT * 2):
+        await keeper.stop()
+    await eventually(lambda: process_gone(pid), what="the kept terminal ends with its agent")
