@@ -161,7 +161,7 @@ def _build(settings: Settings, snapshot: Snapshot) -> DaemonState:
                 on_surface_event=lambda name, message: told(name, message),
                 max_isolated_children=settings.max_isolated_children,
                 on_child_up=lambda server: gateway.surfaces.child_up(server),
-                needed=lambda name: gateway.surfaces.holds(name))
+                needed=lambda name: gateway.surfaces.holds(name), on_client_log=sessions.hear)
 
     def told(name: str, message: dict[str, Any]) -> None:
         method = message.get("method")

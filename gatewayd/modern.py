@@ -311,9 +311,6 @@ class Asker:
         """A modern caller is answered a child's input-required result and retries with its answers itself."""
         return True
 
-    def hear(self, message: dict[str, Any]) -> None:
-        """Nothing: a modern caller hears only what its own request's stream carries."""
-
     def answer(self, key: str) -> Any:
         """The caller's answer under `key`, if its retry carries one."""
         return self.retry.answers.get(key) if self.retry is not None else None

@@ -75,7 +75,6 @@ RELAY_ID_PREFIX = "gatewayd-relay-"
 
 # What the server's tools.d `relay` names, by the request's method.
 SAMPLING, ELICITATION, ROOTS = "sampling", "elicitation", "roots"
-LOG_MESSAGE = "notifications/message"
 KINDS = {"sampling/createMessage": SAMPLING, "elicitation/create": ELICITATION, "roots/list": ROOTS}
 
 # Error codes the child is answered with: refused (not asked at all), params no client could read, timed out, ended
@@ -343,13 +342,6 @@ class RelayCaller:
         """A legacy caller knows no input-required result: its questions are put to it (`put` below)."""
         return False
 
-    def hear(self, message: dict[str, Any]) -> None:
-        """A log line of the session's own child outside any call, on the session's stream at its log level."""
-        session, emit = self.ctx.session, self.ctx.emit
-        params = message.get("params")
-        if session is not None and emit is not None and message.get("method") == LOG_MESSAGE \
-                and isinstance(params, dict) and session.wants_log(params.get("level")):
-            emit({"jsonrpc": "2.0", "method": LOG_MESSAGE, "params": params})
 
 
 async def put(caller: Caller, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:

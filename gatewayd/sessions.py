@@ -41,6 +41,7 @@ KEPT_KEYS = 32
 KEPT_DEPTH = 3
 KEPT_STRING = 256
 
+LOG_MESSAGE = "notifications/message"
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
@@ -115,6 +116,13 @@ class Session:
             self.outbound.get_nowait()
         self.outbound.put_nowait(message)
         self.stream.wake()
+
+    def hear(self, message: dict[str, Any]) -> None:
+        """A log line (`notifications/message`) of a child of this session's own, outside any call: on the GET
+        stream, at the level the session set."""
+        params = message.get("params")
+        if message.get("method") == LOG_MESSAGE and isinstance(params, dict) and self.wants_log(params.get("level")):
+            self.push({"jsonrpc": "2.0", "method": LOG_MESSAGE, "params": params})
 
     def wants_log(self, level: Any) -> bool:
         """Whether a `notifications/message` at `level` passes this session's `logging/setLevel`."""
@@ -233,6 +241,13 @@ class Sessions:
         while True:
             await asyncio.sleep(interval)
             self.expire()
+
+    def hear(self, client: str, message: dict[str, Any]) -> None:
+        """A log line of `client`'s own child outside any call (`isolation = "client"`): every session of that
+        client hears it, each at its level (which of them the child's work was for is not known)."""
+        for session in self._by_id.values():
+            if session.client == client:
+                session.hear(message)
 
     def broadcast(self, message: dict[str, Any], to: Callable[[Session], bool] | None = None) -> None:
         """Queue a notification for the GET stream of every session (that `to` accepts)."""

@@ -55,11 +55,6 @@ class Caller(Protocol):
         polling a task of the gateway's is shown it."""
         ...
 
-    def hear(self, message: dict[str, Any]) -> None:
-        """A notification the caller's own child sends outside any call (a per-session child's log line): passed on
-        to the caller if it takes it."""
-        ...
-
     @property
     def answers_input(self) -> bool:
         """Whether a modern child's input-required result reaches this caller as it is, answered by its own retry
@@ -78,7 +73,8 @@ class AgentHost(Protocol):
 
 
 class SessionScope(Protocol):
-    """The MCP session a call belongs to, as a per-session child (fleet.py) needs it: its id, and its end."""
+    """The MCP session a call belongs to, as a per-session child (fleet.py) needs it: its id, its end, and how it
+    hears the child's log lines outside any call."""
 
     @property
     def id(self) -> str:
@@ -86,6 +82,10 @@ class SessionScope(Protocol):
 
     def on_end(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` when the session ends (at once if it has); returns a function that cancels this."""
+        ...
+
+    def hear(self, message: dict[str, Any]) -> None:
+        """A log line of the session's own child outside any call, at the session's level."""
         ...
 
 

@@ -463,14 +463,9 @@ class McpDialect(Dialect):
         return result
 
     def on_notification(self, message: dict[str, Any]) -> bool:
-        """A legacy child cancelling a request of its own that a caller was asked: the question is withdrawn; a
-        per-session child's log line: its session hears it. A modern child's notifications come on the gateway's
-        listen (listening.py)."""
+        """A legacy child cancelling a request of its own that a caller was asked: the question is withdrawn. A
+        modern child's notifications come on the gateway's listen (listening.py)."""
         method = message.get("method")
-        if method == "notifications/message" and self.owner is not None:
-            # A per-session child's log line outside any call is its session's to hear (and the daemon's log's).
-            self.owner.hear(message)
-            return False
         if method == CANCELLED:
             params = message.get("params")
             request_id = params.get("requestId") if isinstance(params, dict) else None

@@ -19,6 +19,7 @@ Does not own one child's lifecycle (server.py) or building the generation's tabl
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,7 @@ class Fleet:
         generation: int = 1,
         on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
         eras: Eras | None = None,
+        on_client_log: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -78,6 +80,8 @@ class Fleet:
         self._generation = generation
         self._on_tools_changed = on_tools_changed
         self._on_surface_event = on_surface_event
+        # Told (client, line) of a per-client child's log lines outside any call (its client's sessions hear them).
+        self._on_client_log = on_client_log
         # Every child runs the same program: the era the first one's probe found serves them all (eras.py).
         self._eras = eras if eras is not None else Eras()
         self.lister = ToolServer(name, config, config_dir, on_tools_changed, generation, on_surface_event,
@@ -176,12 +180,20 @@ class Fleet:
         shown = key[:SESSION_ID_SHOWN] if self.isolation == "session" else key
         # What clients are shown is the lister's: an owner's child says only what concerns its own calls.
         child = ToolServer(self.name, self.config, self.config_dir, None, self._generation, self._owner_event,
-                           owner=delivery.owner, tag=f" {self.isolation}={shown}", private=True, eras=self._eras)
+                           owner=delivery.owner, tag=f" {self.isolation}={shown}", private=True, eras=self._eras,
+                           on_log=self._log_hearer(client, delivery))
         self._children[key] = child
         self._clients[key] = client
         if self.isolation == "session" and delivery.session is not None:
             self._unwatch[key] = delivery.session.on_end(lambda: self._drop(key, "its session ended"))
         return child
+
+    def _log_hearer(self, client: str, delivery: Delivery) -> Callable[[dict[str, Any]], None] | None:
+        """Who hears a new child's log lines outside any call: its session, or every session of its client."""
+        if self.isolation == "session":
+            return delivery.session.hear if delivery.session is not None else None
+        on_client_log = self._on_client_log
+        return functools.partial(on_client_log, client) if on_client_log is not None else None
 
     def _owner_event(self, name: str, message: dict[str, Any]) -> None:
         """An owner's child's notification: a resource update or a task's status is passed on; its list changes are

@@ -52,8 +52,11 @@ class Pool:
                  on_surface_event: Callable[[str, dict[str, Any]], None] | None = None,
                  max_isolated_children: int = DEFAULT_ISOLATED_CHILDREN,
                  on_child_up: Callable[[ToolServer], None] | None = None,
-                 needed: Callable[[str], bool] | None = None) -> None:
+                 needed: Callable[[str], bool] | None = None,
+                 on_client_log: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self._on_tools_changed = on_tools_changed
+        # Told (client, line) of a per-client child's log lines outside any call (fleet.py).
+        self._on_client_log = on_client_log
         self._on_surface_event = on_surface_event
         self._on_child_up = on_child_up
         # Whether sessions hold resource subscriptions at a server's child (surfaces.py): it runs even without calls.
@@ -86,7 +89,7 @@ class Pool:
             else:
                 # An owner's subscriptions live and end with its own child: nothing to renew on a new one.
                 servers[name] = Fleet(name, config, snapshot.config_dir, self.budget, self._on_tools_changed,
-                                      generation, self._on_surface_event, self.eras)
+                                      generation, self._on_surface_event, self.eras, self._on_client_log)
             (diff.changed if old is not None else diff.added).append(name)
         diff.removed.extend(name for name in previous if name not in servers)
         return servers, diff

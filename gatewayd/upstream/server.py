@@ -86,6 +86,7 @@ class ToolServer:
         tag: str = "",
         private: bool = False,
         eras: Eras | None = None,
+        on_log: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.name = name
         # Log lines say which config generation a server (and its child) belongs to: after a reload the
@@ -105,6 +106,9 @@ class ToolServer:
         self._on_tools_changed = on_tools_changed
         # Told (server name, the child's notification) when its resources or prompts change (surfaces.tell).
         self._on_surface_event = on_surface_event
+        # Who hears the child's log lines outside any call besides the daemon's log: a per-client or per-session
+        # child's owner (fleet.py).
+        self._on_log = on_log
         # Told each time a new child is up (surfaces.py subscribes it again to the URIs sessions hold).
         self._on_child_up = on_child_up
         # Asked (with the server's name) whether sessions hold resource subscriptions at its child (surfaces.py): they
@@ -402,6 +406,8 @@ class ToolServer:
             self._on_surface_event(self.name, message)
         elif method == "notifications/message":
             logger.info("server=%s log: %.500s", self.tag, message.get("params"))
+            if self._on_log is not None:
+                self._on_log(message)
         else:
             logger.debug("server=%s notification %s dropped", self.tag, method)
 

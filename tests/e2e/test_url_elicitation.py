@@ -3,7 +3,8 @@
 A scripted child (tests/fixtures/askersrv.py) asks a session for a URL-mode elicitation during a call, or answers a
 call with URLElicitationRequiredError (-32042); later it sends `notifications/elicitation/complete`. The session
 that was asked hears it on its own stream, once; another session does not; an id nobody was asked is dropped. A
-session's own child (`isolation = "session"`) logging outside any call is heard on that session's stream.
+session's own child (`isolation = "session"`) logging outside any call is heard on that session's stream; a client's
+own child (`isolation = "client"`), on that client's sessions' streams.
 """
 
 from __future__ import annotations
@@ -32,16 +33,20 @@ COMPLETE: Final = "notifications/elicitation/complete"
 class Rig:
     daemon: Daemon
     token: str
+    # Another client, with the same grants.
+    other: str
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
     root = tmp_path_factory.mktemp("url-elicitation")
     server = python_command(str(ASKERSRV)) + '\nrelay = ["elicitation"]\n'
-    tokens = write_config(root, {"ask": server, "own": server + 'isolation = "session"\n'},
-                          '[roles.agent]\nallow = ["ask.*", "own.*"]\n', {"agent": ["agent"]})
+    tokens = write_config(root, {"ask": server, "own": server + 'isolation = "session"\n',
+                                 "mine": server + 'isolation = "client"\n'},
+                          '[roles.agent]\nallow = ["ask.*", "own.*", "mine.*"]\n',
+                          {"agent": ["agent"], "other": ["agent"]})
     async with Daemon(root) as daemon:
-        yield Rig(daemon, tokens["agent"])
+        yield Rig(daemon, tokens["agent"], tokens["other"])
 
 
 def url_elicitation(elicitation_id: str) -> dict[str, Any]:
@@ -56,21 +61,21 @@ def complete(elicitation_id: str) -> dict[str, Any]:
 class Caller:
     """One MCP session that declared URL-mode elicitation, with its GET stream open."""
 
-    def __init__(self, http: aiohttp.ClientSession, rig: Rig) -> None:
+    def __init__(self, http: aiohttp.ClientSession, rig: Rig, token: str | None = None) -> None:
         self.http, self.rig = http, rig
+        self.token = token or rig.token
         self.session_id = ""
         self.stream: aiohttp.ClientResponse | None = None
 
     async def start(self) -> Caller:
-        self.session_id = await raw_session(self.http, self.rig.daemon.url, self.rig.token,
-                                            {"elicitation": {"url": {}}})
+        self.session_id = await raw_session(self.http, self.rig.daemon.url, self.token, {"elicitation": {"url": {}}})
         self.stream = await self.http.get(self.rig.daemon.url,
                                           headers={**self.headers(), "Accept": "text/event-stream"})
         assert self.stream.status == 200
         return self
 
     def headers(self) -> dict[str, str]:
-        return session_headers(self.rig.token, self.session_id)
+        return session_headers(self.token, self.session_id)
 
     async def post(self, message: dict[str, Any]) -> int:
         async with self.http.post(self.rig.daemon.url, json=message, headers=self.headers()) as response:
@@ -153,10 +158,11 @@ async def test_a_url_elicitation_required_error_reaches_the_caller_and_its_compl
     assert told == {"jsonrpc": "2.0", "method": COMPLETE, "params": {"elicitationId": "el-c"}}
 
 
-async def test_a_session_s_own_child_logging_outside_a_call_is_heard_on_the_session_s_stream(rig: Rig) -> None:
-    def logged(level: str, data: str) -> dict[str, Any]:
-        return {"method": "notifications/message", "params": {"level": level, "logger": "own", "data": data}}
+def logged(level: str, data: str) -> dict[str, Any]:
+    return {"method": "notifications/message", "params": {"level": level, "logger": "own", "data": data}}
 
+
+async def test_a_session_s_own_child_logging_outside_a_call_is_heard_on_the_session_s_stream(rig: Rig) -> None:
     line, quiet = logged("warning", "disk low"), logged("debug", "noise")
     async with callers(rig) as (alice, bob):
         assert await alice.post({"jsonrpc": "2.0", "id": 3, "method": "logging/setLevel",
@@ -168,3 +174,21 @@ async def test_a_session_s_own_child_logging_outside_a_call_is_heard_on_the_sess
         bobs = await bob.heard()
     assert told == {"jsonrpc": "2.0", **line}  # the debug line was below her level
     assert bobs["params"]["data"] == "bob's"
+
+
+async def test_a_client_s_own_child_logging_outside_a_call_is_heard_by_that_client_s_sessions_only(rig: Rig) -> None:
+    line = logged("warning", "quota low")
+    async with callers(rig) as (alice, bob):
+        carol = await Caller(alice.http, rig, rig.other).start()
+        try:
+            # Alice's and Bob's sessions are one client's: its child (`isolation = "client"`) is theirs.
+            await alice.call({"after": [line]}, tool="mine__ask")
+            told = [await alice.heard(), await bob.heard()]
+            # Carol is another client, with a child of her own: she hears hers first, never theirs.
+            await carol.call({"after": [logged("warning", "carol's")]}, tool="mine__ask")
+            carols = await carol.heard()
+        finally:
+            assert carol.stream is not None
+            carol.stream.close()
+    assert told == [{"jsonrpc": "2.0", **line}] * 2
+    assert carols["params"]["data"] == "carol's"
