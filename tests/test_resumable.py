@@ -1,8 +1,8 @@
 """What a session keeps of its call streams and its own GET stream for a client that reconnects
 (gatewayd/resumable.py), in memory: the priming event, ids, what is kept while the connection holds and after it
 dropped, which `Last-Event-ID` finds a stream, the bounds on streams and their age, sending the rest as it comes, and
-which connection reads the session's stream. The whole paths through the daemon are
-tests/e2e/test_resumable_streams.py and tests/e2e/test_session_stream.py."""
+which connection reads the session's stream. The whole paths through the daemon are in
+tests/e2e/test_resumable_streams.py."""
 
 from __future__ import annotations
 
@@ -76,69 +76,65 @@ async def test_past_max_streams_the_oldest_is_forgotten_and_an_ended_one_after_k
     assert replays.find(f"{streams[1].id}-0") is None and replays.find(f"{streams[2].id}-0") is not None
 
 
+class Reconnection:
+    """A reconnecting GET as web/mcp_http.py makes it: what it writes, and what letting it go does."""
+
+    def __init__(self, name: str = "reconnection") -> None:
+        self.written: list[bytes] = []
+        self.wrote = asyncio.Event()
+        self.cut = functools.partial(self.written.append, f"{name} let go".encode())
+
+    async def write(self, data: bytes) -> None:
+        self.written.append(data)
+        self.wrote.set()
+
+    def read(self, replay: resumable.Replay, after: int, keepalive: float = 60.0) -> asyncio.Future[bool]:
+        """Take the stream over and send it from `after`, in the background."""
+        replay.take_over(self.cut)
+        return asyncio.ensure_future(replay.send(self.write, after, keepalive, b": k\n\n", self.cut))
+
+    async def written_to(self) -> None:
+        await asyncio.wait_for(self.wrote.wait(), 5)
+        self.wrote.clear()
+
+
 async def test_a_reconnection_is_sent_what_follows_its_id_then_the_rest_as_it_comes_until_the_end() -> None:
     replay = Replays().open()
     replay.detach()
     for _ in range(3):
         replay.framed(EVENT)
-    written: list[bytes] = []
-    wrote = asyncio.Event()
-
-    async def write(data: bytes) -> None:
-        written.append(data)
-        wrote.set()
-
-    reader = functools.partial(written.append, b"let go")
-    replay.take_over(reader)  # as the reconnecting GET does (web/mcp_http.py)
-    sending = asyncio.ensure_future(replay.send(write, 1, keepalive=60.0, keepalive_frame=b": k\n\n",
-                                                reader=reader))
-    await asyncio.wait_for(wrote.wait(), 5)
-    assert written == [b"".join(framed for number, framed in replay.events if number > 1)]
-    wrote.clear()
+    reconnection = Reconnection()
+    sending = reconnection.read(replay, 1)
+    await reconnection.written_to()
+    assert reconnection.written == [b"".join(framed for number, framed in replay.events if number > 1)]
     replay.framed(b"event: message\ndata: {\"id\":1}\n\n")
-    await asyncio.wait_for(wrote.wait(), 5)  # sent as it comes
+    await reconnection.written_to()  # sent as it comes
     replay.end()
     assert await asyncio.wait_for(sending, 5)
-    assert written[-1].startswith(b"id: %s-4\n" % replay.id.encode()) and len(written) == 2
+    assert reconnection.written[-1].startswith(b"id: %s-4\n" % replay.id.encode()) and len(reconnection.written) == 2
 
 
 async def test_a_reconnection_taken_over_stops_sending() -> None:
     replay = Replays().open()
-    written: list[bytes] = []
-    wrote = asyncio.Event()
-
-    async def write(data: bytes) -> None:
-        written.append(data)
-        wrote.set()
-
-    first = functools.partial(written.append, b"first let go")
-    replay.take_over(first)
+    first = Reconnection("first")
     replay.framed(EVENT)
-    sending = asyncio.ensure_future(replay.send(write, 0, keepalive=60.0, keepalive_frame=b": k\n\n", reader=first))
-    await asyncio.wait_for(wrote.wait(), 5)  # then it waits for more
-    replay.take_over(functools.partial(written.append, b"second let go"))
+    sending = first.read(replay, 0)
+    await first.written_to()  # then it waits for more
+    second = Reconnection("second")
+    replay.take_over(second.cut)
     assert not await asyncio.wait_for(sending, 5)  # not all sent: the newer reconnection sends the rest
-    assert written == [replay.events[0][1], b"first let go"]
+    assert first.written == [replay.events[0][1], b"first let go"] and second.written == []
 
 
 async def test_a_reconnection_waiting_for_more_is_kept_alive() -> None:
     replay = Replays().open()
     replay.detach()
-    written: list[bytes] = []
-    alive = asyncio.Event()
-
-    async def write(data: bytes) -> None:
-        written.append(data)
-        alive.set()
-
-    reader = functools.partial(written.append, b"let go")
-    replay.take_over(reader)
-    sending = asyncio.ensure_future(replay.send(write, 0, keepalive=0.01, keepalive_frame=b": k\n\n",
-                                                reader=reader))
-    await asyncio.wait_for(alive.wait(), 5)
+    reconnection = Reconnection()
+    sending = reconnection.read(replay, 0, keepalive=0.01)
+    await reconnection.written_to()
     replay.end()
     await asyncio.wait_for(sending, 5)
-    assert written[0] == b": k\n\n"
+    assert reconnection.written[0] == b": k\n\n"
 
 
 async def test_only_streams_whose_connection_dropped_count_as_waiting() -> None:

@@ -199,29 +199,18 @@ async def test_a_line_over_the_limit_is_dropped_and_the_next_one_works(
     assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
 
 
-async def test_a_line_over_the_limit_with_its_id_last_fails_its_call_once_it_ends(
-    tmp_path: Path, servers: list[ToolServer]
+@pytest.mark.parametrize("order", [
+    "id_last",  # `{"jsonrpc":"2.0","result":"xx…","id":N}`: the head does not name the call; the line's end does
+    "id_middle",  # `{"result":"xx…","id":N,"jsonrpc":"2.0"}`: neither does; it is a response, and one call waits
+])
+async def test_a_line_over_the_limit_whose_head_does_not_name_its_call_fails_it_once_it_ends(
+    tmp_path: Path, servers: list[ToolServer], order: str
 ) -> None:
     methods = {**FAULT_METHODS, "huge": {"timeout": "5s"}}
     server = track(servers, fault_server(tmp_path, methods=methods))
     started = time.monotonic()
-    # `{"jsonrpc":"2.0","result":"xx…","id":N}`: the head does not name the call; the line's end does.
     with pytest.raises(ToolServerUnavailable, match=f"answered huge with a line over {MAX_LINE_BYTES} bytes"):
-        await server.call_method("huge", {"size": MAX_LINE_BYTES + 1, "id_last": True})
-    assert time.monotonic() - started < 5
-    assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
-
-
-async def test_a_line_over_the_limit_that_answers_the_only_call_waiting_fails_it_once_it_ends(
-    tmp_path: Path, servers: list[ToolServer]
-) -> None:
-    methods = {**FAULT_METHODS, "huge": {"timeout": "5s"}}
-    server = track(servers, fault_server(tmp_path, methods=methods))
-    started = time.monotonic()
-    # `{"result":"xx…","id":N,"jsonrpc":"2.0"}`: neither its head nor its end says which call; it is a response, and
-    # one call waits.
-    with pytest.raises(ToolServerUnavailable, match=f"answered huge with a line over {MAX_LINE_BYTES} bytes"):
-        await server.call_method("huge", {"size": MAX_LINE_BYTES + 1, "id_middle": True})
+        await server.call_method("huge", {"size": MAX_LINE_BYTES + 1, order: True})
     assert time.monotonic() - started < 5
     assert await server.call_method("echo", {"still": "alive"}) == {"still": "alive"}
 
