@@ -123,6 +123,11 @@ class Replay(_Read):
         self.detach()
         self._more.set()  # an earlier reconnection's `send` ends
 
+    def missed(self, after: int) -> int:
+        """Events after number `after` no longer kept (past MAX_EVENTS, or the live window): a reconnection naming
+        it gets the rest."""
+        return max(0, self.events[0][0] - after - 1) if self.events else 0
+
     def end(self) -> None:
         """The call ended (its answer, if it has one, is framed already)."""
         self.ended = time.monotonic()

@@ -31,6 +31,9 @@ async def test_a_stream_is_primed_and_numbered_and_keeps_its_last_events_while_i
     for _ in range(MAX_EVENTS + 5):
         replay.framed(EVENT)
     assert len(replay.events) == MAX_EVENTS and replay.events[-1][0] == LIVE_EVENTS + 11 + MAX_EVENTS + 5
+    # A reconnection naming an event from before the oldest kept is told how many it lost.
+    oldest = replay.events[0][0]
+    assert [replay.missed(after) for after in (oldest - 1, oldest + 3, oldest - 5)] == [0, 0, 4]
 
 
 async def test_a_reconnection_lets_go_of_whoever_read_the_stream_and_keeps_what_it_did_not_carry() -> None:

@@ -264,6 +264,9 @@ async def _resume(request: web.Request, session: Session, replay: Replay, after:
     response ends (resumable.py)."""
     cut = functools.partial(_abort, request)
     replay.take_over(cut)
+    if lost := replay.missed(after):
+        logger.warning("client=%s stream %s taken up again: %d event(s) it missed are no longer kept",
+                       session.client, replay.id, lost)
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
     try:
         await response.prepare(request)
