@@ -38,7 +38,9 @@ from gatewayd.errors import (
     InvalidParams,
     MethodNotFound,
     RequestCancelled,
+    error_response,
 )
+from gatewayd.jsonrpc import result_response
 from gatewayd.records import Records
 from gatewayd.terminals import Terminals
 from gatewayd.upstream.api import Upstream
@@ -92,8 +94,8 @@ class AgentHost:
             else:
                 result = await self._file(call, method, arguments)
         except GatewayError as exc:
-            return {"jsonrpc": "2.0", "id": message.get("id"), "error": exc.to_wire()}
-        return {"jsonrpc": "2.0", "id": message.get("id"), "result": result}
+            return error_response(message.get("id"), exc)
+        return result_response(message.get("id"), result)
 
     async def _permission(self, call: Call, arguments: dict[str, Any]) -> dict[str, Any]:
         options = arguments.get("options") if isinstance(arguments.get("options"), list) else []

@@ -343,7 +343,6 @@ class RelayCaller:
         return False
 
 
-
 async def put(caller: Caller, server: str, allowed: Collection[str], requests: dict[str, Any]) -> dict[str, Any]:
     """Input requests of a child (an input-required result's, or a task's `inputRequests`) put to the call's caller,
     each as the request it names would be (`Caller.ask`: relayed on a legacy caller's stream, a question of a modern

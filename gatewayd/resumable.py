@@ -126,7 +126,7 @@ class Replay(_Read):
     def missed(self, after: int) -> int:
         """Events after number `after` no longer kept (past MAX_EVENTS, or the live window): a reconnection naming
         it gets the rest."""
-        return max(0, self.events[0][0] - after - 1) if self.events else 0
+        return _missed(self.events, after)
 
     def end(self) -> None:
         """The call ended (its answer, if it has one, is framed already)."""
@@ -211,6 +211,11 @@ def _priming(stream: bytes, number: int) -> bytes:
     return b"id: %s-%d\nretry: %d\ndata:\n\n" % (stream, number, RETRY_MS)
 
 
+def _missed(kept: collections.deque[tuple[int, bytes]] | None, after: int) -> int:
+    """How many events after number `after` are older than the first of `kept` (numbered events, oldest first)."""
+    return max(0, kept[0][0] - after - 1) if kept else 0
+
+
 def _parse(last_event_id: str | None) -> tuple[str, int] | None:
     """The stream and event number a `Last-Event-ID` names, or None: no id of ours."""
     if last_event_id is None or len(last_event_id) > MAX_ID_CHARS:
@@ -248,19 +253,20 @@ class SessionStream(_Read):
         self.wake()  # an older reader's pump ends
         return True
 
-    def release(self, cut: Cut) -> None:
+    def let_go(self, cut: Cut) -> None:
         """The reader `cut` lets go stopped, or its connection closed: the stream is free, and its pump ends."""
-        if self.cut == cut:
-            self.cut = None
-            self.wake()
+        super().let_go(cut)
+        self.wake()
 
-    def opening(self, after: int | None) -> tuple[bytes, int]:
+    def opening(self, after: int | None) -> bytes:
         """What a new reader is sent first: the priming event (the id of the last event it has: `after`, or every
-        event so far), then the events after `after`; and how many of those are no longer kept."""
+        event so far), then the events after `after` still kept."""
         start = self.last if after is None else after
-        missed = [framed for number, framed in self.sent or () if number > start]
-        lost = self.last - start - len(missed)
-        return _priming(self._head, start) + b"".join(missed), lost
+        return _priming(self._head, start) + b"".join(framed for number, framed in self.sent or () if number > start)
+
+    def missed(self, after: int | None) -> int:
+        """Events after number `after` no longer kept (past the last LIVE_EVENTS)."""
+        return _missed(self.sent, after) if after is not None else 0
 
     def framed(self, event: bytes) -> bytes:
         """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""

@@ -156,7 +156,7 @@ def event(text: str) -> bytes:
 
 def test_the_session_stream_numbers_its_events_and_names_only_its_own() -> None:
     own = resumable.SessionStream()
-    assert own.opening(None) == (b"id: 0-0\nretry: %d\ndata:\n\n" % resumable.RETRY_MS, 0)
+    assert own.opening(None) == b"id: 0-0\nretry: %d\ndata:\n\n" % resumable.RETRY_MS
     assert own.framed(event("a")) == b"id: 0-1\ndata: a\n\n"
     assert own.framed(event("b")) == b"id: 0-2\ndata: b\n\n"
     assert [own.after(named) for named in ("0-0", "0-2", " 0-1 ")] == [0, 2, 1]
@@ -169,16 +169,17 @@ def test_a_reader_naming_an_event_is_sent_what_came_after_it_and_told_what_is_no
     for number in range(1, resumable.LIVE_EVENTS + 4):
         own.framed(event(str(number)))
     last = resumable.LIVE_EVENTS + 3
-    opening, lost = own.opening(last - 2)
+    opening, lost = own.opening(last - 2), own.missed(last - 2)
     assert opening == (b"id: 0-%d\nretry: %d\ndata:\n\n" % (last - 2, resumable.RETRY_MS)
                        + b"".join(b"id: 0-%d\ndata: %d\n\n" % (number, number) for number in (last - 1, last)))
     assert lost == 0
-    # The window crossed: the oldest events are gone, and the opening says how many.
-    opening, lost = own.opening(0)
+    # The window crossed: the oldest events are gone, and how many is told.
+    opening, lost = own.opening(0), own.missed(0)
     assert lost == 3 and opening.count(b"data: ") == resumable.LIVE_EVENTS
     assert b"id: 0-4\ndata: 4\n\n" in opening and b"data: 3\n" not in opening
     # A reader naming nothing has everything so far: its priming names the last event, and nothing follows.
-    assert own.opening(None) == (b"id: 0-%d\nretry: %d\ndata:\n\n" % (last, resumable.RETRY_MS), 0)
+    assert own.opening(None) == b"id: 0-%d\nretry: %d\ndata:\n\n" % (last, resumable.RETRY_MS)
+    assert own.missed(None) == 0
 
 
 async def test_one_reader_at_a_time_a_reconnection_naming_an_event_takes_over() -> None:
@@ -194,9 +195,9 @@ async def test_one_reader_at_a_time_a_reconnection_naming_an_event_takes_over() 
     assert let_go == ["first"]  # its connection is let go (closed, in web/mcp_http.py)
     assert await woken  # and its pump wakes, to find it no longer reads the stream
     # The first reader stopping does not free the stream the second reads; the second's does.
-    own.release(first)
+    own.let_go(first)
     assert own.cut is second and not own.take(None, third)
-    own.release(second)
+    own.let_go(second)
     assert own.cut is None and own.take(None, third) and let_go == ["first"]
 
 

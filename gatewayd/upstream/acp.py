@@ -46,7 +46,8 @@ from typing import Any
 
 from gatewayd import __version__
 from gatewayd.config.models import ServerConfig
-from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError
+from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError, error_response
+from gatewayd.jsonrpc import result_response
 from gatewayd.terminals import Terminals
 from gatewayd.upstream.api import Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
@@ -418,10 +419,9 @@ class AcpDialect(Dialect):
         params = message.get("params")
         assert isinstance(params, dict)
         try:
-            reply = {"jsonrpc": "2.0", "id": message.get("id"),
-                     "result": await terminals.handle(str(message.get("method")), params)}
+            reply = result_response(message.get("id"), await terminals.handle(str(message.get("method")), params))
         except GatewayError as exc:
-            reply = {"jsonrpc": "2.0", "id": message.get("id"), "error": exc.to_wire()}
+            reply = error_response(message.get("id"), exc)
         conn.reply(reply)
 
     async def _ask(self, turn: _Turn, host: Any, message: dict[str, Any]) -> None:

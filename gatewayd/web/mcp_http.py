@@ -24,7 +24,7 @@ from gatewayd.errors import GatewayError, HttpError, InvalidRequest
 from gatewayd.gateway import Gateway
 from gatewayd.jsonrpc import Invalid, Notification, Request, Response
 from gatewayd.policy import Principal
-from gatewayd.resumable import Cut, Replay
+from gatewayd.resumable import SESSION_STREAM, Cut, Replay
 from gatewayd.sessions import SUPPORTED_VERSIONS, Session
 from gatewayd.state import DaemonState
 from gatewayd.web import bodies, limits, modern, sse
@@ -236,24 +236,21 @@ async def _session_stream(request: web.Request, session: Session, keepalive: flo
     a newer one takes over (resumable.SessionStream)."""
     own = session.stream
     after = own.after(request.headers.get(LAST_EVENT_ID))
-    cut = functools.partial(_abort, request)
+    cut = functools.partial(sse.abort, request)
     if not own.take(after, cut):
         raise HttpError(409, "this session already has an open GET stream")
-    forget = limits.on_disconnect(request)(functools.partial(own.release, cut))
+    forget = limits.on_disconnect(request)(functools.partial(own.let_go, cut))
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
     try:
         await response.prepare(request)
-        opening, lost = own.opening(after)
-        if lost:
-            logger.warning("client=%s GET stream taken up again: %d event(s) it missed are no longer kept",
-                           session.client, lost)
-        await response.write(opening)
+        _taken_up(session, SESSION_STREAM, own.missed(after))
+        await response.write(own.opening(after))
         await _stream_session(response, session, cut, keepalive)
     except ConnectionError:
         logger.debug("client=%s GET stream closed", session.client)
     finally:
         forget()
-        own.release(cut)
+        own.let_go(cut)
     return response
 
 
@@ -262,11 +259,9 @@ async def _resume(request: web.Request, session: Session, replay: Replay, after:
     """A GET with the `Last-Event-ID` of one of the session's call streams: taken over from the connection that read
     it (which the client lost), every event of it after that one, the rest as it comes, its answer last; then this
     response ends (resumable.py)."""
-    cut = functools.partial(_abort, request)
+    cut = functools.partial(sse.abort, request)
     replay.take_over(cut)
-    if lost := replay.missed(after):
-        logger.warning("client=%s stream %s taken up again: %d event(s) it missed are no longer kept",
-                       session.client, replay.id, lost)
+    _taken_up(session, replay.id, replay.missed(after))
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
     try:
         await response.prepare(request)
@@ -279,11 +274,11 @@ async def _resume(request: web.Request, session: Session, replay: Replay, after:
     return response
 
 
-def _abort(request: web.Request) -> None:
-    """Close the connection of `request` at once: a reconnection took over the stream it carried."""
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
+def _taken_up(session: Session, stream: str, missed: int) -> None:
+    """A reconnection named an event of `stream` older than what is kept: say how many it will not get."""
+    if missed:
+        logger.warning("client=%s stream %s taken up again: %d event(s) it missed are no longer kept",
+                       session.client, stream, missed)
 
 
 async def _stream_session(response: web.StreamResponse, session: Session, cut: Cut, keepalive: float) -> None:

@@ -42,6 +42,14 @@ def whole(message: dict[str, Any], headers: dict[str, str]) -> web.StreamRespons
     return bodies.response(bodies.sse_body(message), content_type=EVENT_STREAM, headers={**_UNBUFFERED, **headers})
 
 
+def abort(request: web.BaseRequest) -> None:
+    """Close the connection of `request` at once, unsent bytes dropped (a write waiting on it ends): a reconnection
+    took over the stream it carried (resumable.py)."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
 class CallStream:
     """The SSE answer to one call. Give `emit` to the call as its event sink, then `answer` with the call; what the
     client did not get (a stream closed early, notifications dropped) is logged under `client` at the end."""
@@ -142,9 +150,7 @@ class CallStream:
         here goes to the reconnection (what was queued is in the replay already)."""
         self._broke()
         self._events.clear()
-        transport = self._request.transport
-        if transport is not None:
-            transport.abort()
+        abort(self._request)
         self._wake(False)
 
     def _wake(self, idle: bool) -> None:
