@@ -77,19 +77,60 @@ class _Read:
             self.cut = None
 
 
-class Replay(_Read):
+class _Numbered(_Read):
+    """A stream whose events carry the ids `<stream>-<n>`, its last ones kept for a reconnection (the oldest dropped
+    past `kept`). An event's number follows from the last one's and its place: nothing is made per event but its
+    framed bytes, and nothing at all until the first."""
+
+    __slots__ = ("_head", "_kept", "_events", "last")
+
+    def __init__(self, stream_id: str, kept: int) -> None:
+        super().__init__()
+        self._head = stream_id.encode("ascii")
+        self._kept = kept
+        self._events: collections.deque[bytes] | None = None
+        # The number of the last event framed (0: none yet).
+        self.last = 0
+
+    def priming(self, after: int = 0) -> bytes:
+        """A priming event: the id of event `after` (the last one its reader has), `retry`, no data."""
+        return b"id: %s-%d\nretry: %d\ndata:\n\n" % (self._head, after, RETRY_MS)
+
+    def framed(self, event: bytes) -> bytes:
+        """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""
+        self.last += 1
+        framed = b"id: %s-%d\n%s" % (self._head, self.last, event)
+        if self._events is None:
+            self._events = collections.deque(maxlen=self._kept)
+        self._events.append(framed)
+        return framed
+
+    def since(self, after: int) -> list[bytes]:
+        """The events kept whose number is above `after`, oldest first."""
+        events = self._events or ()
+        return list(itertools.islice(events, max(0, after - (self.last - len(events))), None))
+
+    def missed(self, after: int) -> int:
+        """Events after number `after` no longer kept: a reconnection naming it gets the rest."""
+        return max(0, self.last - len(self._events or ()) - after)
+
+    def _keep(self, kept: int) -> None:
+        """Keep up to `kept` events from now on."""
+        self._kept = kept
+        if self._events is not None:
+            self._events = collections.deque(self._events, maxlen=kept)
+
+
+class Replay(_Numbered):
     """One call stream's events by number, for a client that reconnects."""
 
-    __slots__ = ("id", "_head", "events", "_numbers", "ended", "detached", "_more")
+    __slots__ = ("id", "ended", "detached", "_more")
 
     def __init__(self, stream_id: str) -> None:
-        super().__init__()
-        self.id = stream_id
-        self._head = stream_id.encode("ascii")
         # While the first connection holds, the last LIVE_EVENTS (trimmed by the deque itself: this is on every
         # streamed event's path); once it dropped, up to MAX_EVENTS.
-        self.events: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=LIVE_EVENTS)
-        self._numbers = itertools.count(1)
+        super().__init__(stream_id, LIVE_EVENTS)
+        self.id = stream_id
         # The call ended: its answer is the last event. None while it runs; then time.monotonic() of its end.
         self.ended: float | None = None
         # Its first connection dropped, or was let go: only now may a reconnection read it (each event goes on one
@@ -97,15 +138,8 @@ class Replay(_Read):
         self.detached = False
         self._more = asyncio.Event()
 
-    def priming(self) -> bytes:
-        """The stream's first event: its id (`<stream>-0`) and `retry`, no data."""
-        return _priming(self._head, 0)
-
     def framed(self, event: bytes) -> bytes:
-        """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""
-        number = next(self._numbers)
-        framed = b"id: %s-%d\n%s" % (self._head, number, event)
-        self.events.append((number, framed))
+        framed = super().framed(event)
         if self.detached:
             self._more.set()
         return framed
@@ -114,7 +148,7 @@ class Replay(_Read):
         """The first connection dropped: what it did not carry waits for a reconnection."""
         if not self.detached:
             self.detached = True
-            self.events = collections.deque(self.events, maxlen=MAX_EVENTS)
+            self._keep(MAX_EVENTS)
 
     def take_over(self, cut: Cut) -> None:
         """A reconnection reads the stream from now on (its first connection, or an earlier reconnection, let go),
@@ -123,19 +157,15 @@ class Replay(_Read):
         self.detach()
         self._more.set()  # an earlier reconnection's `send` ends
 
-    def missed(self, after: int) -> int:
-        """Events after number `after` no longer kept (past MAX_EVENTS, or the live window): a reconnection naming
-        it gets the rest."""
-        return _missed(self.events, after)
-
     def end(self) -> None:
         """The call ended (its answer, if it has one, is framed already)."""
         self.ended = time.monotonic()
         self._more.set()  # a reconnection waiting for more: there is no more
 
     def id_line(self) -> bytes:
-        """The next id, for an event written without being kept (an answer that reached its connection)."""
-        return b"id: %s-%d\n" % (self._head, next(self._numbers))
+        """The next event's id, for an answer written without being kept (the stream is forgotten once it reached
+        its connection; if it did not, it is framed under the same id)."""
+        return b"id: %s-%d\n" % (self._head, self.last + 1)
 
     async def send(self, write: Callable[[bytes], Awaitable[None]], after: int, keepalive: float,
                    keepalive_frame: bytes, reader: Cut) -> bool:
@@ -144,10 +174,10 @@ class Replay(_Read):
         another reconnection took over. `keepalive_frame` whenever `keepalive` seconds pass without an event."""
         while self.cut is reader:
             self._more.clear()
-            pending = [(number, framed) for number, framed in self.events if number > after]
+            pending = self.since(after)
             if pending:
-                after = pending[-1][0]
-                await write(b"".join(framed for _, framed in pending))
+                after = self.last
+                await write(b"".join(pending))
                 continue
             if self.ended is not None:
                 return True
@@ -206,16 +236,6 @@ class Replays:
             del self._streams[stream]
 
 
-def _priming(stream: bytes, number: int) -> bytes:
-    """A priming event: the id of event `number` of `stream`, `retry`, no data (the client reconnects from there)."""
-    return b"id: %s-%d\nretry: %d\ndata:\n\n" % (stream, number, RETRY_MS)
-
-
-def _missed(kept: collections.deque[tuple[int, bytes]] | None, after: int) -> int:
-    """How many events after number `after` are older than the first of `kept` (numbered events, oldest first)."""
-    return max(0, kept[0][0] - after - 1) if kept else 0
-
-
 def _parse(last_event_id: str | None) -> tuple[str, int] | None:
     """The stream and event number a `Last-Event-ID` names, or None: no id of ours."""
     if last_event_id is None or len(last_event_id) > MAX_ID_CHARS:
@@ -224,18 +244,14 @@ def _parse(last_event_id: str | None) -> tuple[str, int] | None:
     return (stream, int(number)) if number.isascii() and number.isdigit() else None
 
 
-class SessionStream(_Read):
-    """A session's own GET stream: its event ids, the last LIVE_EVENTS events it wrote, and the connection that reads
-    it. Every session has one, most never read: nothing is allocated until it is."""
+class SessionStream(_Numbered):
+    """A session's own GET stream (stream 0): its event ids, the last LIVE_EVENTS events it wrote, and the connection
+    that reads it. Every session has one, most never read: nothing is allocated until it carries an event."""
 
-    __slots__ = ("_head", "sent", "last", "_waiter")
+    __slots__ = ("_waiter",)
 
     def __init__(self) -> None:
-        super().__init__()
-        self._head = SESSION_STREAM.encode("ascii")
-        self.sent: collections.deque[tuple[int, bytes]] | None = None
-        # The number of the last event written (0: none yet).
-        self.last = 0
+        super().__init__(SESSION_STREAM, LIVE_EVENTS)
         # What the reader's pump waits on while nothing is queued.
         self._waiter: asyncio.Future[None] | None = None
 
@@ -262,20 +278,7 @@ class SessionStream(_Read):
         """What a new reader is sent first: the priming event (the id of the last event it has: `after`, or every
         event so far), then the events after `after` still kept."""
         start = self.last if after is None else after
-        return _priming(self._head, start) + b"".join(framed for number, framed in self.sent or () if number > start)
-
-    def missed(self, after: int | None) -> int:
-        """Events after number `after` no longer kept (past the last LIVE_EVENTS)."""
-        return _missed(self.sent, after) if after is not None else 0
-
-    def framed(self, event: bytes) -> bytes:
-        """`event` (an encoded SSE event) with the stream's next id, kept for a reconnection."""
-        if self.sent is None:
-            self.sent = collections.deque(maxlen=LIVE_EVENTS)
-        self.last += 1
-        framed = b"id: %s-%d\n%s" % (self._head, self.last, event)
-        self.sent.append((self.last, framed))
-        return framed
+        return self.priming(start) + b"".join(self.since(start))
 
     def wake(self) -> None:
         """Something was queued for the stream, or its reader changed."""

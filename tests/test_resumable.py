@@ -25,15 +25,19 @@ async def test_a_stream_is_primed_and_numbered_and_keeps_its_last_events_while_i
     assert first == b"id: %s-1\n" % replay.id.encode() + EVENT
     for _ in range(LIVE_EVENTS + 10):
         replay.framed(EVENT)
-    assert [number for number, _ in replay.events] == list(range(12, LIVE_EVENTS + 12))
+    # While its connection holds, the last LIVE_EVENTS: from 12 on, as a reconnection naming an older one is told.
+    assert replay.last == LIVE_EVENTS + 11 and len(replay.since(0)) == LIVE_EVENTS and replay.missed(0) == 11
+    assert replay.since(LIVE_EVENTS + 9) == [b"id: %s-%d\n" % (replay.id.encode(), number) + EVENT
+                                              for number in (LIVE_EVENTS + 10, LIVE_EVENTS + 11)]
     assert replays.find(f"{replay.id}-3") == (replay, 3) and not replay.detached
     replay.detach()
     for _ in range(MAX_EVENTS + 5):
         replay.framed(EVENT)
-    assert len(replay.events) == MAX_EVENTS and replay.events[-1][0] == LIVE_EVENTS + 11 + MAX_EVENTS + 5
+    assert len(replay.since(0)) == MAX_EVENTS and replay.last == LIVE_EVENTS + 11 + MAX_EVENTS + 5
     # A reconnection naming an event from before the oldest kept is told how many it lost.
-    oldest = replay.events[0][0]
+    oldest = replay.last - MAX_EVENTS + 1
     assert [replay.missed(after) for after in (oldest - 1, oldest + 3, oldest - 5)] == [0, 0, 4]
+    assert replay.since(oldest - 5) == replay.since(oldest - 1) and len(replay.since(oldest + 3)) == MAX_EVENTS - 4
 
 
 async def test_a_reconnection_lets_go_of_whoever_read_the_stream_and_keeps_what_it_did_not_carry() -> None:
@@ -109,7 +113,7 @@ async def test_a_reconnection_is_sent_what_follows_its_id_then_the_rest_as_it_co
     reconnection = Reconnection()
     sending = reconnection.read(replay, 1)
     await reconnection.written_to()
-    assert reconnection.written == [b"".join(framed for number, framed in replay.events if number > 1)]
+    assert reconnection.written == [b"".join(replay.since(1))]
     replay.framed(b"event: message\ndata: {\"id\":1}\n\n")
     await reconnection.written_to()  # sent as it comes
     replay.end()
@@ -126,7 +130,7 @@ async def test_a_reconnection_taken_over_stops_sending() -> None:
     second = Reconnection("second")
     replay.take_over(second.cut)
     assert not await asyncio.wait_for(sending, 5)  # not all sent: the newer reconnection sends the rest
-    assert first.written == [replay.events[0][1], b"first let go"] and second.written == []
+    assert first.written == [*replay.since(0), b"first let go"] and second.written == []
 
 
 async def test_a_reconnection_waiting_for_more_is_kept_alive() -> None:
@@ -179,7 +183,7 @@ def test_a_reader_naming_an_event_is_sent_what_came_after_it_and_told_what_is_no
     assert b"id: 0-4\ndata: 4\n\n" in opening and b"data: 3\n" not in opening
     # A reader naming nothing has everything so far: its priming names the last event, and nothing follows.
     assert own.opening(None) == b"id: 0-%d\nretry: %d\ndata:\n\n" % (last, resumable.RETRY_MS)
-    assert own.missed(None) == 0
+
 
 
 async def test_one_reader_at_a_time_a_reconnection_naming_an_event_takes_over() -> None:

@@ -243,7 +243,8 @@ async def _session_stream(request: web.Request, session: Session, keepalive: flo
     response = web.StreamResponse(headers={**sse.HEADERS, SESSION_HEADER: session.id})
     try:
         await response.prepare(request)
-        _taken_up(session, SESSION_STREAM, own.missed(after))
+        if after is not None:
+            _taken_up(session, SESSION_STREAM, own.missed(after))
         await response.write(own.opening(after))
         await _stream_session(response, session, cut, keepalive)
     except ConnectionError:
