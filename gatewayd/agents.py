@@ -1,16 +1,18 @@
-"""What an ACP agent asks its client during a turn, answered by the gateway for the turn's caller.
+"""What an ACP agent asks its client, answered by the gateway for the client the agent works for.
 
 Owns the other direction of the pipeline for agents (upstream/acp.py hands each request here): the
 agent's `session/request_permission`, `fs/read_text_file` and `fs/write_text_file` are calls of their
 own, `SERVER.session/request_permission`, `SERVER.fs/read_text_file`, `SERVER.fs/write_text_file`,
-made on behalf of the client whose turn it is, decided by its policy (argument rules such as
-`path_under` on `path`, fail closed), confirmed by a person where the policy says so, and audited
-like any call. Then:
+made on behalf of the client whose turn it is — or, between its session's turns (an agent that goes on
+with a background job after its turn ended), the client the session belongs to (`between_turns`) —
+decided by its policy (argument rules such as `path_under` on `path`, fail closed), confirmed by a person
+where the policy says so, and audited like any call. Then:
 
   - a permission: denied (no grant) → the agent's reject option; granted with `confirm` → a person
-    decides (the caller's user by elicitation, `gatewayctl`, the web page), seeing the agent's own
-    tool call and options: yes → its `allow_once` option, no → its `reject_once` option, nobody in
-    time or the caller gone → `cancelled`, never an allow; granted outright → `allow_once`;
+    decides (the caller's user by elicitation, `gatewayctl`, the web page; between turns, with no caller
+    to ask, `gatewayctl` and the web page), seeing the agent's own tool call and options: yes → its
+    `allow_once` option, no → its `reject_once` option, nobody in time or the caller gone → `cancelled`,
+    never an allow; granted outright → `allow_once`;
   - a file read or write: done by the gateway itself, bounded by MAX_FILE_BYTES, on an absolute path;
     denied → the agent gets the same error as for a method that does not exist;
   - a terminal (tools.d `terminals = true`): `SERVER.terminal/create` decided with its command, args, cwd
@@ -29,7 +31,7 @@ import os
 from typing import Any
 
 from gatewayd.authorize import authorize
-from gatewayd.calls import Call, Target
+from gatewayd.calls import Call, CallContext, Target
 from gatewayd.confirmation import ConfirmationGate
 from gatewayd.errors import (
     ConfirmationDenied,
@@ -63,16 +65,25 @@ class Agents:
         self.gate = gate
 
     def host(self, call: Call, server: Upstream) -> AgentHost:
-        return AgentHost(self, call, server)
+        return AgentHost(self, call.ctx, server, call.trace)
 
 
 class AgentHost:
     """The answers to one turn's requests, for the client whose call the turn is (upstream/api.AgentHost)."""
 
-    def __init__(self, agents: Agents, call: Call, server: Upstream) -> None:
+    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, trace: str = "") -> None:
         self._agents = agents
-        self._call = call
+        self._ctx = ctx
         self._server = server
+        # The turn's trace id: its requests' records read as part of it. Between turns each request has its own.
+        self._trace = trace
+
+    def between_turns(self) -> AgentHost:
+        """The host of the session's requests once the turn is over: the same client, decided on the config current
+        then, with nobody waiting on a call to be asked or told (a person confirms on gatewayctl or the web page)."""
+        ctx = self._ctx
+        return AgentHost(self._agents, CallContext(ctx.principal, ctx.servers, authority=ctx.authority,
+                                                   operator=ctx.operator), self._server)
 
     async def answer(self, server: str, message: dict[str, Any], terminals: Terminals | None) -> dict[str, Any]:
         method = str(message.get("method"))
@@ -80,8 +91,8 @@ class AgentHost:
         assert isinstance(params, dict)
         # What policy rules see and a person is shown: the request without the session it names.
         arguments = {key: value for key, value in params.items() if key not in ("sessionId", "_meta")}
-        call = Call(self._call.ctx, AGENT, message.get("id"), f"{server}.{method}", params, arguments, None,
-                    trace=self._call.trace)
+        call = Call(self._ctx, AGENT, message.get("id"), f"{server}.{method}", params, arguments, None,
+                    trace=self._trace)
         try:
             if method == PERMISSION:
                 result = await self._permission(call, arguments)

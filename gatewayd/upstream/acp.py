@@ -21,10 +21,14 @@ log lines). Also:
     MAX_HELD_UPDATES held across the agent's sessions;
   - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
     `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
-    `Delivery.host` (agents.py: policy, the confirmation gate, audit); between turns, what needs no new
-    decision about a terminal its session keeps (its output, waiting for its exit, killing or releasing it) is
-    answered from that session's terminals; anything else, and anything else outside a turn, refused at once, so
-    the agent never waits;
+    `Delivery.host` (agents.py: policy, the confirmation gate, audit); between a session's turns (an agent
+    going on with a background job) what needs no new decision about a terminal the session keeps (its output,
+    waiting for its exit, killing or releasing it) is answered from the session's terminals, and the rest is
+    decided for the client the session belongs to, with no caller to ask (`AgentHost.between_turns`: a person
+    confirms on gatewayctl or the web page) — a new terminal only where terminals are the session's (made between
+    turns, it has no turn to end with); at most MAX_BETWEEN_ASKS such requests wait at once. A request naming a
+    session the asking child does not hold, or with nothing to answer it, is refused at once: the agent never
+    waits for nobody;
   - how long its terminals live: the turn's end ends them, or (tools.d `terminal_lifetime = "session"`) they
     are the session's, kept across its turns until the agent releases them, the session is forgotten
     (MAX_SESSIONS) or the agent's child ends (`ended`); such an agent is not stopped idle while one of them
@@ -41,7 +45,9 @@ import collections
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gatewayd import __version__
@@ -49,7 +55,7 @@ from gatewayd.config.models import ServerConfig
 from gatewayd.errors import CallTimedOut, GatewayError, ToolServerUnavailable, UpstreamError, error_response
 from gatewayd.jsonrpc import result_response
 from gatewayd.terminals import Terminals
-from gatewayd.upstream.api import Caller, Delivery, ToolDef
+from gatewayd.upstream.api import AgentHost, Caller, Delivery, ToolDef
 from gatewayd.upstream.connection import Connection
 from gatewayd.upstream.dialects import Dialect
 from gatewayd.upstream.eras import Eras
@@ -94,6 +100,9 @@ MAX_TURN_TEXT = 1024 * 1024
 MAX_SESSIONS = 4096
 # A session id longer than this is not one this gateway handed on.
 MAX_SESSION_ID = 256
+# Requests of an agent's sessions between their turns being answered at once (a permission waits for a person);
+# past it the next is refused: a job that asks faster than anyone answers holds no more of the daemon than this.
+MAX_BETWEEN_ASKS = 64
 # What a direct caller (and rpc.discover) is told of each session method; its params are the agent's own (ACP).
 SESSION_DESCRIPTIONS = {
     NEW: "Open an agent session: {cwd, mcpServers}; answers {sessionId}, bound to this client.",
@@ -151,9 +160,12 @@ class AcpDialect(Dialect):
         self._kept: dict[str, tuple[Connection, Terminals]] = {}
         # Kept terminals of sessions forgotten while the agent runs, being killed (awaited by `ended`).
         self._closing: set[asyncio.Task[None]] = set()
-        # The agent's requests about its sessions' kept terminals between turns, being answered, with the child that
-        # asked (ended by `ended`).
-        self._between_asks: dict[asyncio.Task[None], Connection] = {}
+        # Who answers each session's requests between its turns (its client, with no caller: agents.py), with the
+        # child that holds the session.
+        self._hosts: dict[str, tuple[Connection, AgentHost]] = {}
+        # The agent's requests between its sessions' turns, being answered, with the child that asked and the session
+        # (ended by `ended`, and by the session's close, delete or forgetting).
+        self._between_asks: dict[asyncio.Task[None], tuple[Connection, str]] = {}
         # Updates of its sessions sent between their turns, oldest first, for each session's next turn.
         self._between: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(maxlen=MAX_HELD_UPDATES)
 
@@ -203,7 +215,7 @@ class AcpDialect(Dialect):
             raise UpstreamError({"code": -32602, "message": f"{method} needs params, an object"})
         if method == NEW:
             result = await conn.call(method, params, timeout=timeout)
-            self._bind(result.get("sessionId") if isinstance(result, dict) else None, how.client)
+            self._bind(result.get("sessionId") if isinstance(result, dict) else None, how, conn)
             return result
         if method in (LOAD, RESUME):
             session = params.get("sessionId")
@@ -214,7 +226,7 @@ class AcpDialect(Dialect):
                 result, _ = await self._turn(conn, method, params, timeout, how, tool=False)
             else:
                 result = await conn.call(method, params, timeout=timeout)
-            self._bind(session, how.client)
+            self._bind(session, how, conn)
             return result
         if method == LIST:
             return self._listed(await conn.call(method, params, timeout=timeout), how.client)
@@ -228,7 +240,7 @@ class AcpDialect(Dialect):
         result = await conn.call(method, params, timeout=timeout)
         if method in (CLOSE, DELETE):
             # What the session held is freed with it; a deleted one is no one's any more.
-            self._forget_terminals(session)
+            self._let_go(session)
             if method == DELETE:
                 self._owners.pop(session, None)
         return result
@@ -255,7 +267,7 @@ class AcpDialect(Dialect):
                 created = await conn.call(NEW, {"cwd": self._cwd(conn), "mcpServers": []},
                                           timeout=self.config.timeout_for(NEW))
                 session = created.get("sessionId") if isinstance(created, dict) else None
-                self._bind(session, how.client)
+                self._bind(session, how, conn)
             self._own({"sessionId": session}, how)
             result, turn = await self._turn(conn, PROMPT, {"sessionId": session,
                                                            "prompt": [{"type": "text", "text": text}]},
@@ -389,39 +401,71 @@ class AcpDialect(Dialect):
         params = message.get("params")
         session = str(params.get("sessionId")) if isinstance(params, dict) else ""
         turn = self._turns.get(session)
-        if turn is None and method in KEPT_TERMINAL and conn is not None and method in self._hosted:
-            kept = self._kept.get(session)
-            if kept is not None and kept[0] is conn:
-                self._answer_between_turns(conn, session, kept[1], message)
-                return None
-        host = turn.how.host if turn is not None else None
-        if method not in self._hosted or turn is None or host is None or conn is None:
-            why = "is not offered" if method not in self._hosted else "belongs to no turn a client is waiting for"
-            logger.info("server=%s %s refused: it %s", self.name, method, why)
-            return {"jsonrpc": "2.0", "id": message.get("id"),
-                    "error": {"code": -32601, "message": f"{method}: refused, it {why}"}}
-        ask = asyncio.get_running_loop().create_task(self._ask(turn, host, message), name=f"{self.name}-{method}")
-        turn.asks.add(ask)
-        ask.add_done_callback(turn.asks.discard)
+        why: str | None = None
+        if method not in self._hosted:
+            why = "is not offered"
+        elif conn is None or (turn is not None and turn.how.host is None):
+            why = "belongs to no turn a client is waiting for"
+        elif turn is None:
+            why = self._between_turns(conn, session, method, message)
+        else:
+            ask = asyncio.get_running_loop().create_task(self._ask(turn, turn.how.host, message),
+                                                         name=f"{self.name}-{method}")
+            turn.asks.add(ask)
+            ask.add_done_callback(turn.asks.discard)
+        if why is None:
+            return None
+        logger.info("server=%s %s refused: it %s", self.name, method, why)
+        return {"jsonrpc": "2.0", "id": message.get("id"),
+                "error": {"code": -32601, "message": f"{method}: refused, it {why}"}}
+
+    def _between_turns(self, conn: Connection, session: str, method: str, message: dict[str, Any]) -> str | None:
+        """Start answering a request of `session` between its turns (None), or say why it is refused. A kept
+        terminal's output, exit, kill or release is the session's terminals' to answer: its command was decided
+        when it was made. Anything else is decided for the session's client, as its turn's caller's would be."""
+        kept = self._kept.get(session)
+        between = self._hosts.get(session)
+        # The child that holds what answers the request: the session's terminals, or the session itself.
+        held_by = (kept if method in KEPT_TERMINAL else between) or (None, None)
+        if held_by[0] is not conn:
+            return "belongs to no turn a client is waiting for"
+        if len(self._between_asks) >= MAX_BETWEEN_ASKS:
+            return f"came between turns while {MAX_BETWEEN_ASKS} requests of this agent's sessions wait already"
+        if method == "terminal/create" and self.config.terminal_lifetime != "session":
+            return 'came between turns, and a terminal here ends with the turn that made it (tools.d ' \
+                   'terminal_lifetime = "session" keeps terminals for the session)'
+        made_in = None
+        if method in KEPT_TERMINAL:
+            assert kept is not None
+            answer = partial(_kept_terminal, kept[1], message)
+            whose = ""
+        else:
+            assert between is not None
+            made_in = self._terminals_for(session, conn) if method == "terminal/create" else None
+            answer = partial(between[1].answer, self.name, message, made_in)
+            whose = f": decided for client={self._owners.get(session)}"
+        logger.info("server=%s session %.16s… %s between turns%s", self.name, session, method, whose)
+        ask = asyncio.get_running_loop().create_task(self._reply_between(conn, session, message, answer, made_in),
+                                                     name=f"{self.name}-{method}")
+        self._between_asks[ask] = conn, session
+        ask.add_done_callback(self._between_asks.pop)
         return None
 
-    def _answer_between_turns(self, conn: Connection, session: str, terminals: Terminals,
-                              message: dict[str, Any]) -> None:
-        """A request about a terminal `session` keeps, between its turns (an agent checking on its dev server):
-        answered from the session's terminals, no new decision needed; ended with the agent's child."""
-        logger.info("server=%s session %.16s… %s between turns", self.name, session, message.get("method"))
-        ask = asyncio.get_running_loop().create_task(self._kept_terminal(conn, terminals, message),
-                                                     name=f"{self.name}-{message.get('method')}")
-        self._between_asks[ask] = conn
-        ask.add_done_callback(self._between_asks.pop)
-
-    async def _kept_terminal(self, conn: Connection, terminals: Terminals, message: dict[str, Any]) -> None:
-        params = message.get("params")
-        assert isinstance(params, dict)
+    async def _reply_between(self, conn: Connection, session: str, message: dict[str, Any],
+                             answer: Callable[[], Awaitable[dict[str, Any]]], made_in: Terminals | None) -> None:
+        """Reply to the agent's request of `session` between its turns with what `answer` gives. Let go with the session
+        (the agent is then told so) or the child. `made_in`: the session's terminals, made for a `terminal/create`,
+        dropped again if no terminal came of it."""
         try:
-            reply = result_response(message.get("id"), await terminals.handle(str(message.get("method")), params))
-        except GatewayError as exc:
-            reply = error_response(message.get("id"), exc)
+            reply = await answer()
+        except asyncio.CancelledError:
+            reply = {"jsonrpc": "2.0", "id": message.get("id"),
+                     "error": {"code": -32000, "message": f"{message.get('method')}: the session ended"}}
+        finally:
+            kept = self._kept.get(session)
+            if made_in is not None and kept is not None and kept[1] is made_in and not made_in \
+                    and session not in self._turns:
+                del self._kept[session]
         conn.reply(reply)
 
     async def _ask(self, turn: _Turn, host: Any, message: dict[str, Any]) -> None:
@@ -439,19 +483,26 @@ class AcpDialect(Dialect):
 
     # -- sessions and their owners ---------------------------------------------------------
 
-    def _bind(self, session: Any, client: str) -> None:
-        """The agent handed `session` to `client`: only that client may name it from now on."""
+    def _bind(self, session: Any, how: Delivery, conn: Connection) -> None:
+        """The agent on `conn` handed `session` to the client `how` is for: only that client may name it from now
+        on, and what the agent asks of it between turns is decided for that client."""
         if not isinstance(session, str) or len(session) > MAX_SESSION_ID:
             raise UpstreamError({"code": -32603, "message": "the agent answered without a usable sessionId"})
         self._owners.pop(session, None)
-        self._owners[session] = client
+        self._owners[session] = how.client
+        if how.host is not None:
+            self._hosts[session] = conn, how.host.between_turns()
         while len(self._owners) > MAX_SESSIONS:
             forgotten = next(iter(self._owners))
             del self._owners[forgotten]
-            self._forget_terminals(forgotten)
+            self._let_go(forgotten)
 
-    def _forget_terminals(self, session: str) -> None:
-        """The kept terminals of a session forgotten (no one can reach them now), closed or deleted: killed."""
+    def _let_go(self, session: str) -> None:
+        """A session forgotten (no one can reach it now), closed or deleted: what it asks between turns is no one's
+        to answer any more, and its kept terminals are killed."""
+        self._hosts.pop(session, None)
+        for ask in [ask for ask, (_, asker) in self._between_asks.items() if asker == session]:
+            ask.cancel()
         kept = self._kept.pop(session, None)
         if kept is None or session in self._turns:
             # A running turn's set is closed when the turn ends (it is no longer the session's).
@@ -466,7 +517,11 @@ class AcpDialect(Dialect):
 
     def keeps_child(self) -> str | None:
         running = sum(terminals.running() for _, terminals in self._kept.values())
-        return f"{running} terminal(s) its sessions keep still run" if running else None
+        asks = len(self._between_asks)
+        why = [f"{running} terminal(s) its sessions keep still run"] if running else []
+        if asks:
+            why.append(f"{asks} request(s) of its sessions between turns are being answered")
+        return "; ".join(why) or None
 
     async def ended(self, conn: Connection) -> None:
         """The agent's child on `conn` ended: the terminals its sessions kept are killed (no one can release them
@@ -475,7 +530,9 @@ class AcpDialect(Dialect):
         kept = [self._kept.pop(session)[1] for session in ended]
         for terminals in kept:
             terminals.kill()
-        asks = [ask for ask, asker in self._between_asks.items() if asker is conn]
+        for session in [session for session, (owner, _) in self._hosts.items() if owner is conn]:
+            del self._hosts[session]
+        asks = [ask for ask, (asker, _) in self._between_asks.items() if asker is conn]
         for ask in asks:
             ask.cancel()  # nobody to answer
         await asyncio.gather(*(terminals.close() for terminals in kept), *self._closing, *asks, return_exceptions=True)
@@ -495,6 +552,16 @@ class AcpDialect(Dialect):
 def direct_methods() -> list[ToolDef]:
     """The session methods a client may call directly, beside the `prompt` tool (rpc.discover lists them)."""
     return [ToolDef(method, text, {"type": "object"}) for method, text in SESSION_DESCRIPTIONS.items()]
+
+
+async def _kept_terminal(terminals: Terminals, message: dict[str, Any]) -> dict[str, Any]:
+    """The reply to a request about a terminal a session keeps: its command was decided when it was made."""
+    params = message.get("params")
+    assert isinstance(params, dict)
+    try:
+        return result_response(message.get("id"), await terminals.handle(str(message.get("method")), params))
+    except GatewayError as exc:
+        return error_response(message.get("id"), exc)
 
 
 def _tool_error(text: str) -> dict[str, Any]:

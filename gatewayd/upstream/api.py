@@ -64,11 +64,16 @@ class Caller(Protocol):
 
 class AgentHost(Protocol):
     """Who answers what an agent asks its client during a turn it runs for a call (agents.py): its permission
-    requests, file reads and writes and terminals, decided for the call's caller."""
+    requests, file reads and writes and terminals, decided for the call's caller; and, once the turn is over, for
+    the session's client (`between_turns`)."""
 
     async def answer(self, server: str, message: dict[str, Any], terminals: Terminals | None) -> dict[str, Any]:
         """The reply to the agent's request `message` (under its own id): a result or an error, never a raise.
         `terminals`: where its `terminal/*` run, the turn's or its session's (upstream/acp.py decides which)."""
+        ...
+
+    def between_turns(self) -> AgentHost:
+        """Who answers what the agent asks about the turn's session after the turn: the same client, no caller."""
         ...
 
 

@@ -7,9 +7,11 @@ web page's API, and answered by the caller's own user through MCP elicitation (t
 and writes are served under the caller's `path_under` rule; `terminal/*` is refused; a terminal ends with the turn
 that made it, or (`terminal_lifetime = "session"`) is there for the session's later turns, keeps its agent from
 idling out until released, and ends with its agent or its session's close; a client lists, configures, closes
-and resumes its own sessions only; what an agent says between turns comes with the next; an agent that exits
-mid-turn fails the turn at once with its exit status; a session's agent stops when the session ends; no agent
-process survives the daemon.
+and resumes its own sessions only; what an agent says between turns comes with the next, and what it asks between
+turns is decided for the session's client (a permission by an operator on gatewayctl or the web page, files under
+the client's path rule, a new terminal only where terminals are the session's) until the session ends; an agent
+that exits mid-turn fails the turn at once with its exit status; a session's agent stops when the session ends; no
+agent process survives the daemon.
 """
 
 from __future__ import annotations
@@ -297,6 +299,92 @@ async def test_between_turns_an_agent_checks_on_a_terminal_its_session_keeps(rig
         then = await rig.said(http, "alice", session, "release term-1", "keeper")
     assert made == ["made term-1"] and watching["result"] == {"stopReason": "end_turn"}
     assert then == ["watched exit 0 output 'started\\ndone\\n'", "released"]
+
+
+async def held(rig: Rig, server: str, session: str, count: int) -> None:
+    """Wait until the agent said `count` things of `session` between its turns in all (held for its next turn)."""
+    line = f"server={server} session {session[:16]}… agent_message_chunk between turns: held"
+    await eventually(lambda: sum(line in logged for logged in rig.daemon.logs) >= count,
+                     what=f"{count} updates of {session} between turns")
+
+
+async def test_between_turns_a_permission_waits_for_a_person_on_gatewayctl_or_the_web_page(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        await rig.turn(http, "alice", session, "afterwards permission")
+        # Nobody waits on a call to be asked: the person is the operator, on gatewayctl and the web page.
+        [pending] = await pending_approvals(rig.root)
+        await rig.daemon.wait_log(rf"server=coder session {session[:16]}… session/request_permission between "
+                                  r"turns: decided for client=alice")
+        code, _, err = await gatewayctl(rig.root, "approve", pending["id"])
+        assert code == 0, err
+        await held(rig, "coder", session, 1)
+        approved = await rig.said(http, "alice", session, "afterwards permission")
+        [denied_one] = await pending_approvals(rig.root)
+        async with http.post(f"{rig.url.removesuffix('/mcp')}/approvals/api/{denied_one['id']}/deny",
+                             headers={"Authorization": f"Bearer {rig.operator}"}) as response:
+            assert response.status == 200, await response.text()
+        await held(rig, "coder", session, 2)
+        denied = await rig.said(http, "alice", session, "echo now")
+    assert pending["method"] == "coder.session/request_permission" and pending["client"] == "alice"
+    assert set(pending["channels"]) == {"gatewayctl", "web"}  # no caller's user to elicit
+    assert approved == ["chose yes"] and denied == ["chose no", "now"]
+
+
+async def test_between_turns_files_are_decided_for_the_session_s_client(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "bob")
+        await rig.turn(http, "bob", session, f"afterwards read {rig.root / 'work' / 'notes.txt'}")
+        await held(rig, "coder", session, 1)
+        inside = await rig.said(http, "bob", session, f"afterwards write {rig.root / 'secret.txt'} overwritten")
+        await held(rig, "coder", session, 2)
+        outside = await rig.said(http, "bob", session, "echo now")
+    assert inside == ["read hello from the notes\nsecond line\n"]
+    # Outside Bob's path rule: refused naming the rule, as in a turn, and the file is as it was.
+    assert outside[0].startswith("error -32602") and "path_under" in outside[0] and outside[1:] == ["now"]
+    assert (rig.root / "secret.txt").read_text() == "not for agents"
+
+    def bobs_reads() -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in (rig.root / "audit.jsonl").read_text().splitlines()]
+        return [record for record in records if record.get("method") == "coder.fs/read_text_file"
+                and record.get("client") == "bob" and record.get("route") == "agent"]
+
+    await eventually(lambda: len(bobs_reads()) == 2, what="the read between turns audited")
+    decision, outcome = bobs_reads()
+    assert (decision["event"], decision["decision"], outcome["event"], outcome["status"]) == \
+        ("decision", "allow", "outcome", "ok")
+
+
+async def test_between_turns_a_terminal_is_made_only_where_terminals_are_the_session_s(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        kept = await new_session(rig, http, "alice", "keeper")
+        command = "sh -c echo${IFS}later;sleep${IFS}30"
+        await rig.turn_on(http, "alice", "keeper", kept, f"afterwards background {command}")
+        await held(rig, "keeper", kept, 1)
+        made = await rig.said(http, "alice", kept, "peek term-1", "keeper")
+        released = await rig.said(http, "alice", kept, "release term-1", "keeper")
+        # A turn's terminal ends with its turn: between turns there is none to end it with.
+        turns = await new_session(rig, http, "alice", "runner")
+        await rig.turn_on(http, "alice", "runner", turns, "afterwards terminal echo hi")
+        await held(rig, "runner", turns, 1)
+        refused = await rig.said(http, "alice", turns, "echo now", "runner")
+    assert made == ["made term-1", "output 'later\\n' exit running"] and released == ["released"]
+    assert refused[0].startswith("error -32601") and "terminal_lifetime" in refused[0] and refused[1:] == ["now"]
+
+
+async def test_a_request_waiting_between_turns_ends_with_its_session(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "alice")
+        await rig.turn(http, "alice", session, "afterwards permission")
+        [pending] = await pending_approvals(rig.root)
+        closed = await rig.call(http, "alice", "coder.session/close", {"sessionId": session})
+        await held(rig, "coder", session, 1)
+        code, out, err = await gatewayctl(rig.root, "approvals", "--json")
+        await rig.call(http, "alice", "coder.session/resume",
+                       {"sessionId": session, "cwd": str(rig.root), "mcpServers": []})
+        told = await rig.said(http, "alice", session, "echo now")
+    assert closed["result"] == {} and code == 0 and pending["id"] not in out, err
+    assert told[0].startswith("error -32000") and "the session ended" in told[0] and told[1:] == ["now"]
 
 
 async def kept_command(rig: Rig, http: aiohttp.ClientSession, name: str) -> tuple[str, int]:

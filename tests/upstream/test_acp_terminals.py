@@ -1,9 +1,12 @@
-"""An ACP agent's kept terminals (`terminal_lifetime = "session"`, gatewayd/upstream/acp.py), with the real fixture
-agent and real commands: a session's terminal is there for its next turn; a session the agent's owner table forgets
-has its terminals killed while the agent runs on; the child's end kills the rest.
+"""What an ACP agent keeps and asks between its sessions' turns (gatewayd/upstream/acp.py), with the real fixture
+agent and real commands: a session's terminal (`terminal_lifetime = "session"`) is there for its next turn; a
+session the agent's owner table forgets has its terminals killed while the agent runs on; the child's end kills the
+rest and lets go of what the agent waits for between turns; past MAX_BETWEEN_ASKS waiting at once, the next request
+between turns is refused, and while any waits the agent is not stopped idle.
 
-The host answering the agent's requests does what agents.py does once a policy allowed them: what is under test is
-how long the set of terminals the dialect hands it lives, not the policy (tests/e2e/test_acp.py has both).
+The host answering the agent's requests does what agents.py does once a policy allowed them (a permission: once
+the test lets it): what is under test is how long what the dialect hands it lives, not the policy
+(tests/e2e/test_acp.py has both).
 """
 
 from __future__ import annotations
@@ -29,11 +32,28 @@ from tests.waiting import eventually, process_gone
 
 
 class Host:
-    """Runs the agent's `terminal/*` in the set it is handed, as agents.py does once the policy allowed them."""
+    """Runs the agent's `terminal/*` in the set it is handed, as agents.py does once the policy allowed them; grants a
+    permission once `granted` is set, counting those that wait."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No permission granted yet, none waiting (an Event belongs to the loop of the test that first waits on it)."""
+        self.granted = asyncio.Event()
+        self.waiting = 0
 
     async def answer(self, server: str, message: dict[str, Any], terminals: Terminals | None) -> dict[str, Any]:
-        assert terminals is not None
         method, params = str(message["method"]), message["params"]
+        if method == "session/request_permission":
+            self.waiting += 1
+            try:
+                await self.granted.wait()
+            finally:
+                self.waiting -= 1
+            return {"jsonrpc": "2.0", "id": message["id"],
+                    "result": {"outcome": {"outcome": "selected", "optionId": "yes"}}}
+        assert terminals is not None
         arguments = {key: value for key, value in params.items() if key not in ("sessionId", "_meta")}
         try:
             result = await (terminals.create(arguments) if method == "terminal/create"
@@ -42,8 +62,18 @@ class Host:
             return {"jsonrpc": "2.0", "id": message["id"], "error": exc.to_wire()}
         return {"jsonrpc": "2.0", "id": message["id"], "result": result}
 
+    def between_turns(self) -> Host:
+        return self
+
 
 HOW = Delivery("alice", host=Host())
+
+
+@pytest.fixture(autouse=True)
+def host() -> Host:
+    assert isinstance(HOW.host, Host)
+    HOW.host.reset()
+    return HOW.host
 
 
 @pytest.fixture
@@ -99,3 +129,33 @@ async def test_an_agent_waiting_between_turns_on_a_kept_terminal_is_let_go_when_
     async with asyncio.timeout(acp_terminals.KILL_WAIT * 2):
         await keeper.stop()
     await eventually(lambda: process_gone(pid), what="the kept terminal ends with its agent")
+
+
+async def test_past_its_bound_a_request_between_turns_is_refused_and_those_waiting_keep_the_agent(
+        keeper: ToolServer, host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatewayd.upstream.acp")
+    monkeypatch.setattr(acp, "MAX_BETWEEN_ASKS", 3)
+    session = await new_session(keeper, tmp_path)
+    # The turn ends at once; then, between turns, the agent asks four times at once: three wait, the fourth is told.
+    assert await said(keeper, session, "afterwards-times 4 permission") == []
+    await eventually(lambda: host.waiting == 3 and "requests of this agent's sessions wait already" in caplog.text,
+                     what="three permissions waiting and the fourth refused")
+    assert keeper.kept_by() == "3 request(s) of its sessions between turns are being answered"
+    host.granted.set()
+    await eventually(lambda: host.waiting == 0 and keeper.kept_by() is None,
+                     what="the three answered")
+    told = await said(keeper, session, "echo now")
+    [refused] = [text for text in told if text.startswith("error")]
+    assert told.count("chose yes") == 3 and told[-1] == "now" and len(told) == 5
+    assert refused.startswith("error -32601") and "3 requests of this agent's sessions wait already" in refused
+
+
+async def test_a_request_waiting_between_turns_is_let_go_when_its_agent_stops(
+        keeper: ToolServer, host: Host, tmp_path: Path) -> None:
+    session = await new_session(keeper, tmp_path)
+    assert await said(keeper, session, "afterwards permission") == []
+    await eventually(lambda: host.waiting == 1, what="the permission between turns waits")
+    async with asyncio.timeout(acp_terminals.KILL_WAIT * 2):
+        await keeper.stop()
+    assert host.waiting == 0
