@@ -101,8 +101,7 @@ class Daemon:
             self._spawn(systemd.watchdog(interval), "watchdog")
         if settings.watch_config:
             self._watcher = self._spawn(self.reloader.watch(), "config-watch")
-        logger.info("listening on %s (%d tool servers, %d clients)", state.links.describe(),
-                    len(state.generation.servers), len(state.generation.snapshot.clients))
+        logger.info("listening on %s (%s)", state.links.describe(), state.generation.snapshot.summary())
         return self.url
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:

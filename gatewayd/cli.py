@@ -315,11 +315,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _config_ok(snapshot: Snapshot) -> str:
-    return f"config OK: {_count(len(snapshot.servers), 'tool server')}, {_count(len(snapshot.clients), 'client')}"
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+    return f"config OK: {snapshot.summary()}"
 
 
 def _explain(args: argparse.Namespace) -> int:

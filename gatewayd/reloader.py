@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from gatewayd import policy, systemd
 from gatewayd.catalog import LIST_CHANGED
-from gatewayd.config.loader import POLICIES_DIR, TOOLS_DIR, ConfigInvalid, Snapshot, config_digest, load_snapshot
+from gatewayd.config.loader import (
+    POLICIES_DIR,
+    TOOLS_DIR,
+    ConfigInvalid,
+    Snapshot,
+    config_digest,
+    counted,
+    load_snapshot,
+)
 from gatewayd.generation import Generation
 from gatewayd.state import DaemonState
 from gatewayd.upstream.pool import PoolDiff
@@ -235,7 +243,7 @@ class Reloader:
     def _status_line(self) -> str:
         # Where it serves stays in the line: `systemctl status` after a reload still says it.
         servers = len(self.state.generation.servers)
-        line = f"serving {self.state.links.describe()}: generation {self.generation}, {_count(servers, 'tool server')}"
+        line = f"serving {self.state.links.describe()}: generation {self.generation}, {counted(servers, 'tool server')}"
         if self.last is not None and not self.last.ok:
             return f"{line}; last reload FAILED"
         return line
@@ -359,8 +367,3 @@ def _summary(result: ReloadResult) -> str:
         if diff:
             parts.append(f"{kind} changed")
     return "; ".join(parts) or "no server changed"
-
-
-def _count(number: int, thing: str) -> str:
-    """"1 tool server", "2 tool servers"."""
-    return f"{number} {thing}" if number == 1 else f"{number} {thing}s"

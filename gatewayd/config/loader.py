@@ -72,6 +72,15 @@ class Snapshot:
     # SHA-256 of the files it was read from (config_digest); equal digests mean nothing changed.
     digest: str = ""
 
+    def summary(self) -> str:
+        """What it holds, for a person: "4 tool servers, 1 client"."""
+        return f"{counted(len(self.servers), 'tool server')}, {counted(len(self.clients), 'client')}"
+
+
+def counted(number: int, noun: str) -> str:
+    """"1 tool server", "2 tool servers"."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
 
 def config_files(directory: Path, pending: Pending | None = None) -> list[Path]:
     """The `*.toml` files of a directory in name order; editor temp and hidden files are ignored. Pending files

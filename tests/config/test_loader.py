@@ -29,6 +29,13 @@ def test_the_shipped_config_loads() -> None:
     assert "developer" in snapshot.roles
 
 
+def test_a_snapshot_says_what_it_holds_in_words(tmp_path: Path) -> None:
+    write_config(tmp_path, {"calc": CALC}, clients={"alice": []})
+    one = load_snapshot(tmp_path).summary()
+    write_config(tmp_path, {"calc": CALC, "more": CALC}, clients={"alice": [], "bob": []})
+    assert (one, load_snapshot(tmp_path).summary()) == ("1 tool server, 1 client", "2 tool servers, 2 clients")
+
+
 def test_a_server_is_named_by_its_file_and_gets_defaults(tmp_path: Path) -> None:
     write_config(tmp_path, {"calc": CALC})
     server = load_snapshot(tmp_path).servers["calc"]
