@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from gatewayd.config.models import SERVER_NAME, Client, Operator, PolicyFile, Role, Scraper, ServerConfig
+from gatewayd.config.suggest import nearest_keys
 from gatewayd.errors import ConfigError
 
 TOOLS_DIR = "tools.d"
@@ -204,9 +205,18 @@ def _validate(model: type[M], path: Path, data: dict[str, Any], text: str, error
         for item in exc.errors():
             loc = tuple(item["loc"])
             key = ".".join(str(part) for part in loc)
-            message = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+            message = _unknown_key(model, loc) if item["type"] == "extra_forbidden" else item["msg"]
             errors.append(ConfigError(str(path), key, message, _find_line(text, loc)))
     return None
+
+
+def _unknown_key(model: type[BaseModel], location: tuple[int | str, ...]) -> str:
+    """ "unknown key", and the known keys there that look like it: a typo names its fix."""
+    near = [repr(key) for key in nearest_keys(model, location)]
+    if not near:
+        return "unknown key"
+    listed = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+    return f"unknown key; did you mean {listed}?"
 
 
 def load_servers(

@@ -85,7 +85,7 @@ def test_a_bad_key_in_a_role_is_reported_once_not_again_per_client(tmp_path: Pat
     write_config(tmp_path, {"calc": 'command = ["true"]\n' + JSONRPC},
                  '[roles.dev]\nallow = ["calc.*"]\nalow = ["x.y"]\n', {"a": ["dev"], "b": ["dev", "nosuch"]})
     errors = errors_of(tmp_path)
-    assert errors == [f"{tmp_path / 'policies' / 'roles.toml'}:3 [roles.dev.alow]: unknown key",
+    assert errors == [f"{tmp_path / 'policies' / 'roles.toml'}:3 [roles.dev.alow]: unknown key; did you mean 'allow'?",
                       f"{tmp_path / 'policies' / 'clients.toml'} [clients.b.roles]: no such role 'nosuch'"]
 
 

@@ -76,10 +76,24 @@ def test_unknown_key_names_file_key_and_line(tmp_path: Path) -> None:
     assert message == f"{tmp_path / 'tools.d' / 'calc.toml'}:5 [methods.add.comand_typo]: unknown key"
 
 
-def test_unknown_top_level_key_points_at_its_line(tmp_path: Path) -> None:
+def test_unknown_top_level_key_points_at_its_line_and_names_the_key_it_looks_like(tmp_path: Path) -> None:
     write_config(tmp_path, {"calc": 'protocoll = "mcp"\n' + CALC})
     (message,) = errors_of(tmp_path)
-    assert message == f"{tmp_path / 'tools.d' / 'calc.toml'}:1 [protocoll]: unknown key"
+    assert message == f"{tmp_path / 'tools.d' / 'calc.toml'}:1 [protocoll]: unknown key; did you mean 'protocol'?"
+
+
+@pytest.mark.parametrize(("typo", "told"), [
+    # The keys of the table the typo is in, nearest first: a method's own `timeout`, not the server's.
+    ('[methods.add]\ntimout = "1s"', "[methods.add.timout]: unknown key; did you mean 'timeout'?"),
+    ('timeout = "1s"', "[timeout]: unknown key; did you mean 'idle_timeout', 'call_timeout' or 'startup_timeout'?"),
+    # Nothing near: only what is wrong.
+    ("enviroment = {}", "[enviroment]: unknown key"),
+])
+def test_an_unknown_key_names_the_known_keys_near_it_in_its_table(tmp_path: Path, typo: str, told: str) -> None:
+    write_config(tmp_path, {"calc": 'command = ["python3", "-m", "gatewayd.examples.calc"]\nprotocol = "jsonrpc"\n'
+                                    + typo + "\n"})
+    (message,) = errors_of(tmp_path)
+    assert message.split(" ", 1)[1] == told
 
 
 def test_bad_value_names_the_nested_key(tmp_path: Path) -> None:
