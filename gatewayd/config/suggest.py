@@ -9,7 +9,6 @@ the error's text around it or its file and line (loader.py), nor which keys exis
 from __future__ import annotations
 
 import collections.abc
-import difflib
 import types
 import typing
 from collections.abc import Sequence
@@ -28,6 +27,8 @@ def nearest_keys(model: type[BaseModel], location: Sequence[int | str]) -> list[
     table is not a model's (a free-form table) or nothing is near."""
     if not location:
         return []
+    import difflib  # only once a file is wrong: not on every start (~1 ms)
+
     known = _keys_at(model, list(location[:-1]))
     return difflib.get_close_matches(str(location[-1]), sorted(known or ()), MAX_SUGGESTIONS, MIN_LIKENESS)
 
