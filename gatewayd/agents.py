@@ -4,15 +4,15 @@ Owns the other direction of the pipeline for agents (upstream/acp.py hands each 
 agent's `session/request_permission`, `fs/read_text_file` and `fs/write_text_file` are calls of their
 own, `SERVER.session/request_permission`, `SERVER.fs/read_text_file`, `SERVER.fs/write_text_file`,
 made on behalf of the client whose turn it is — or, between its session's turns (an agent that goes on
-with a background job after its turn ended), the client the session belongs to (`between_turns`) —
+with a background job after its turn ended), the client of the session's last turn (`between_turns`) —
 decided by its policy (argument rules such as `path_under` on `path`, fail closed), confirmed by a person
 where the policy says so, and audited like any call. Then:
 
   - a permission: denied (no grant) → the agent's reject option; granted with `confirm` → a person
-    decides (the caller's user by elicitation, `gatewayctl`, the web page; between turns, with no caller
-    to ask, `gatewayctl` and the web page), seeing the agent's own tool call and options: yes → its
-    `allow_once` option, no → its `reject_once` option, nobody in time or the caller gone → `cancelled`,
-    never an allow; granted outright → `allow_once`;
+    decides (the caller's user by elicitation, `gatewayctl`, the web page; between turns the last turn's
+    caller's user while its MCP session lasts, and the operators), seeing the agent's own tool call and
+    options: yes → its `allow_once` option, no → its `reject_once` option, nobody in time or the caller
+    gone → `cancelled`, never an allow; granted outright → `allow_once`;
   - a file read or write: done by the gateway itself, bounded by MAX_FILE_BYTES, on an absolute path;
     denied → the agent gets the same error as for a method that does not exist;
   - a terminal (tools.d `terminals = true`): `SERVER.terminal/create` decided with its command, args, cwd
@@ -71,19 +71,31 @@ class Agents:
 class AgentHost:
     """The answers to one turn's requests, for the client whose call the turn is (upstream/api.AgentHost)."""
 
-    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, trace: str = "") -> None:
+    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, trace: str = "", *,
+                 between_turns: bool = False) -> None:
         self._agents = agents
         self._ctx = ctx
         self._server = server
         # The turn's trace id: its requests' records read as part of it. Between turns each request has its own.
         self._trace = trace
+        self._between = between_turns
 
     def between_turns(self) -> AgentHost:
-        """The host of the session's requests once the turn is over: the same client, decided on the config current
-        then, with nobody waiting on a call to be asked or told (a person confirms on gatewayctl or the web page)."""
+        """The host of the session's requests once this turn is over: the same client, decided on the config current
+        then, with no call waiting on them (`_context`)."""
+        return AgentHost(self._agents, self._ctx, self._server, between_turns=True)
+
+    def _context(self) -> CallContext:
+        """What a request is decided in: the turn's call's context; between turns, one with no call to answer or to
+        end with, that still reaches the user of the turn's caller while its MCP session lasts: a question is put to
+        them on its stream as well as to the operators (the session's end withdraws it, as a caller's going does in
+        a turn), and only to the operators once it has ended."""
         ctx = self._ctx
-        return AgentHost(self._agents, CallContext(ctx.principal, ctx.servers, authority=ctx.authority,
-                                                   operator=ctx.operator), self._server)
+        if not self._between:
+            return ctx
+        session = ctx.session if ctx.session is not None and not ctx.session.ended else None
+        return CallContext(ctx.principal, ctx.servers, session, emit=session.push if session is not None else None,
+                           authority=ctx.authority, operator=ctx.operator)
 
     async def answer(self, server: str, message: dict[str, Any], terminals: Terminals | None) -> dict[str, Any]:
         method = str(message.get("method"))
@@ -91,7 +103,7 @@ class AgentHost:
         assert isinstance(params, dict)
         # What policy rules see and a person is shown: the request without the session it names.
         arguments = {key: value for key, value in params.items() if key not in ("sessionId", "_meta")}
-        call = Call(self._ctx, AGENT, message.get("id"), f"{server}.{method}", params, arguments, None,
+        call = Call(self._context(), AGENT, message.get("id"), f"{server}.{method}", params, arguments, None,
                     trace=self._trace)
         try:
             if method == PERMISSION:

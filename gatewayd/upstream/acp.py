@@ -24,11 +24,11 @@ log lines). Also:
     `Delivery.host` (agents.py: policy, the confirmation gate, audit); between a session's turns (an agent
     going on with a background job) what needs no new decision about a terminal the session keeps (its output,
     waiting for its exit, killing or releasing it) is answered from the session's terminals, and the rest is
-    decided for the client the session belongs to, with no caller to ask (`AgentHost.between_turns`: a person
-    confirms on gatewayctl or the web page) — a new terminal only where terminals are the session's (made between
-    turns, it has no turn to end with); at most MAX_BETWEEN_ASKS such requests wait at once. A request naming a
-    session the asking child does not hold, or with nothing to answer it, is refused at once: the agent never
-    waits for nobody;
+    decided for the client the session belongs to, as its last turn's caller (`AgentHost.between_turns`: a person
+    confirms on gatewayctl, the web page, or the caller's MCP session while it lasts) — a new terminal only where
+    terminals are the session's (made between turns, it has no turn to end with); at most MAX_BETWEEN_ASKS such
+    requests wait at once. A request naming a session the asking child does not hold, or with nothing to answer it,
+    is refused at once: the agent never waits for nobody;
   - how long its terminals live: the turn's end ends them, or (tools.d `terminal_lifetime = "session"`) they
     are the session's, kept across its turns until the agent releases them, the session is forgotten
     (MAX_SESSIONS) or the agent's child ends (`ended`); such an agent is not stopped idle while one of them
@@ -292,6 +292,9 @@ class AcpDialect(Dialect):
                                                             "running a turn: wait for it, or cancel it"})
         call_id = conn.new_id()
         turn = self._turns[session] = _Turn(call_id, conn, how, tool, terminals=self._terminals_for(session, conn))
+        if how.host is not None:
+            # What the agent asks after this turn is put to this turn's caller while it can be asked.
+            self._hosts[session] = conn, how.host.between_turns()
         for held in self._held(session):
             # What the agent said of the session between turns comes first, as the caller would have heard it.
             self.on_notification(held)

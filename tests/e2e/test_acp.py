@@ -301,6 +301,12 @@ async def test_between_turns_an_agent_checks_on_a_terminal_its_session_keeps(rig
     assert then == ["watched exit 0 output 'started\\ndone\\n'", "released"]
 
 
+def audited(rig: Rig, **fields: str) -> list[dict[str, Any]]:
+    """The audit log's records with these fields, oldest first."""
+    records = [json.loads(line) for line in (rig.root / "audit.jsonl").read_text().splitlines()]
+    return [record for record in records if all(record.get(key) == value for key, value in fields.items())]
+
+
 async def held(rig: Rig, server: str, session: str, count: int) -> None:
     """Wait until the agent said `count` things of `session` between its turns in all (held for its next turn)."""
     line = f"server={server} session {session[:16]}… agent_message_chunk between turns: held"
@@ -345,9 +351,7 @@ async def test_between_turns_files_are_decided_for_the_session_s_client(rig: Rig
     assert (rig.root / "secret.txt").read_text() == "not for agents"
 
     def bobs_reads() -> list[dict[str, Any]]:
-        records = [json.loads(line) for line in (rig.root / "audit.jsonl").read_text().splitlines()]
-        return [record for record in records if record.get("method") == "coder.fs/read_text_file"
-                and record.get("client") == "bob" and record.get("route") == "agent"]
+        return audited(rig, method="coder.fs/read_text_file", client="bob", route="agent")
 
     await eventually(lambda: len(bobs_reads()) == 2, what="the read between turns audited")
     decision, outcome = bobs_reads()
@@ -515,6 +519,22 @@ async def test_an_mcp_client_drives_its_session_s_agent_with_the_prompt_tool(rig
     assert counted.content[0].text == "2" and asked.content[0].text == "chose yes"
     # The MCP session ended with the client: its agent stops.
     await eventually(lambda: process_gone(pid), what="the ended session's agent exits")
+
+
+async def test_between_turns_a_permission_is_put_to_the_user_of_the_last_turn_s_mcp_session(rig: Rig) -> None:
+    async with mcp_client(rig, "alice", elicitation_callback=yes) as sdk:
+        first = await sdk.call_tool("mate__prompt", {"text": "afterwards permission"})
+        session = first.structured_content["sessionId"]
+        # Asked on the session's own stream, its user answers (the SDK client's elicitation callback): yes.
+        await held(rig, "mate", session, 1)
+        then = await sdk.call_tool("mate__prompt", {"text": "echo now", "sessionId": session})
+    assert first.content[0].text == "" and then.content[0].text == "chose yesnow"
+
+    def decided() -> list[dict[str, Any]]:
+        return audited(rig, event="approval_decided", method="mate.session/request_permission")
+
+    await eventually(lambda: bool(decided()), what="the permission's decision audited")
+    assert decided()[-1]["channel"] == "client" and decided()[-1]["state"] == "approved"
 
 
 async def test_no_agent_outlives_the_daemon(tmp_path: Path) -> None:
