@@ -86,6 +86,9 @@ def test_unknown_top_level_key_points_at_its_line_and_names_the_key_it_looks_lik
     # The keys of the table the typo is in, nearest first: a method's own `timeout`, not the server's.
     ('[methods.add]\ntimout = "1s"', "[methods.add.timout]: unknown key; did you mean 'timeout'?"),
     ('timeout = "1s"', "[timeout]: unknown key; did you mean 'idle_timeout', 'call_timeout' or 'startup_timeout'?"),
+    # Four keys are near: the three nearest are named.
+    ("max_per_client = 2", "[max_per_client]: unknown key; did you mean 'max_queued_per_client', "
+                           "'max_children_per_client' or 'max_in_flight_per_client'?"),
     # Nothing near: only what is wrong.
     ("enviroment = {}", "[enviroment]: unknown key"),
 ])
