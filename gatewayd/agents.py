@@ -44,6 +44,7 @@ from gatewayd.errors import (
 )
 from gatewayd.jsonrpc import result_response
 from gatewayd.records import Records
+from gatewayd.sessions import Session
 from gatewayd.terminals import Terminals
 from gatewayd.upstream.api import Upstream
 
@@ -82,8 +83,25 @@ class AgentHost:
 
     def between_turns(self) -> AgentHost:
         """The host of the session's requests once this turn is over: the same client, decided on the config current
-        then, with no call waiting on them (`_context`)."""
-        return AgentHost(self._agents, self._ctx, self._server, between_turns=True)
+        then, with no call waiting on them (`_context`). It keeps of the turn only who the client is and the caller's
+        MCP session, not the turn's call or its config generation."""
+        ctx = self._ctx
+        kept = CallContext(ctx.principal, {}, ctx.session, authority=ctx.authority, operator=ctx.operator)
+        return AgentHost(self._agents, kept, self._server, between_turns=True)
+
+    def tell(self, message: dict[str, Any]) -> str | None:
+        session = self._session()
+        if session is None:
+            return None
+        session.hear(message)
+        return session.id
+
+    def _session(self) -> Session | None:
+        """The turn's caller's MCP session while it lasts (let go of once it has ended)."""
+        session = self._ctx.session
+        if session is not None and session.ended:
+            session = self._ctx.session = None
+        return session
 
     def _context(self) -> CallContext:
         """What a request is decided in: the turn's call's context; between turns, one with no call to answer or to
@@ -93,7 +111,7 @@ class AgentHost:
         ctx = self._ctx
         if not self._between:
             return ctx
-        session = ctx.session if ctx.session is not None and not ctx.session.ended else None
+        session = self._session()
         return CallContext(ctx.principal, ctx.servers, session, emit=session.push if session is not None else None,
                            authority=ctx.authority, operator=ctx.operator)
 

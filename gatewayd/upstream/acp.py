@@ -167,7 +167,9 @@ class AcpDialect(Dialect):
         # (ended by `ended`, and by the session's close, delete or forgetting).
         self._between_asks: dict[asyncio.Task[None], tuple[Connection, str]] = {}
         # Updates of its sessions sent between their turns, oldest first, for each session's next turn.
-        self._between: collections.deque[tuple[str, dict[str, Any]]] = collections.deque(maxlen=MAX_HELD_UPDATES)
+        # With each, the MCP session that was told it as it came (`_hold`), if one was.
+        self._between: collections.deque[tuple[str, dict[str, Any], str | None]] = \
+            collections.deque(maxlen=MAX_HELD_UPDATES)
 
     @property
     def declared(self) -> list[ToolDef] | None:
@@ -295,9 +297,14 @@ class AcpDialect(Dialect):
         if how.host is not None:
             # What the agent asks after this turn is put to this turn's caller while it can be asked.
             self._hosts[session] = conn, how.host.between_turns()
-        for held in self._held(session):
-            # What the agent said of the session between turns comes first, as the caller would have heard it.
-            self.on_notification(held)
+        caller = how.session.id if how.session is not None else None
+        for held, told in self._held(session):
+            # What the agent said of the session between turns comes first, as the caller would have heard it; a
+            # `prompt` caller whose session heard it as it came is not told it again (its words are in the result).
+            if tool and told is not None and told == caller:
+                self._tool_update(turn, held, tell=False)
+            else:
+                self.on_notification(held)
         try:
             result = await conn.call(method, params, timeout=timeout, on_event=how.on_event, request_id=call_id,
                                      silence=self.config.silence_for(method), large=how.large)
@@ -361,8 +368,9 @@ class AcpDialect(Dialect):
         return True
 
     def _hold(self, session: str, message: dict[str, Any]) -> None:
-        """An update between turns (the commands a new session offers, a title made after a turn): kept for the
-        session's next turn, if the session is someone's; past MAX_HELD_UPDATES the oldest is dropped."""
+        """An update between turns (the commands a new session offers, a title made after a turn, a background job's
+        news): kept for the session's next turn, if the session is someone's, past MAX_HELD_UPDATES the oldest
+        dropped; and told at once, as a log line, to the MCP session of its last turn's caller while it lasts."""
         if session not in self._owners:
             logger.debug("server=%s update of no session a client holds dropped", self.name)
             return
@@ -370,18 +378,22 @@ class AcpDialect(Dialect):
         kind = update.get("sessionUpdate") if isinstance(update, dict) else None
         logger.info("server=%s session %.16s… %.64s between turns: held for its next turn", self.name, session,
                     kind)
-        self._between.append((session, message))
+        between = self._hosts.get(session)
+        # Told as it comes too, to whoever can hear it now: the user of the session's last turn's caller.
+        told = between[1].tell(self._log_line(update)) if between is not None else None
+        self._between.append((session, message, told))
 
-    def _held(self, session: str) -> list[dict[str, Any]]:
-        """The updates held for `session`, taken."""
-        held = [message for owner, message in self._between if owner == session]
+    def _held(self, session: str) -> list[tuple[dict[str, Any], str | None]]:
+        """The updates held for `session`, taken, each with the MCP session told it as it came (or None)."""
+        held = [(message, told) for owner, message, told in self._between if owner == session]
         if held:
-            self._between = collections.deque(((owner, message) for owner, message in self._between
-                                               if owner != session), maxlen=MAX_HELD_UPDATES)
+            self._between = collections.deque((entry for entry in self._between if entry[0] != session),
+                                              maxlen=MAX_HELD_UPDATES)
         return held
 
-    def _tool_update(self, turn: _Turn, message: dict[str, Any]) -> None:
-        """An update of a turn run by the `prompt` tool: its words kept for the result, and the caller told."""
+    def _tool_update(self, turn: _Turn, message: dict[str, Any], tell: bool = True) -> None:
+        """An update of a turn run by the `prompt` tool: its words kept for the result, and the caller told (unless
+        not `tell`)."""
         update = message["params"].get("update")
         kind = update.get("sessionUpdate") if isinstance(update, dict) else None
         content = update.get("content") if isinstance(update, dict) else None
@@ -391,13 +403,17 @@ class AcpDialect(Dialect):
                 turn.words.append(text[:MAX_TURN_TEXT - turn.size])
             turn.size += len(text)
         sink = turn.how.on_event
-        if sink is None:
+        if sink is None or not tell:
             return
         if turn.how.progress:
             sink({"jsonrpc": "2.0", "method": "notifications/progress",
                   "params": {"progressToken": turn.call_id, "progress": turn.updates, "message": str(kind)}})
-        sink({"jsonrpc": "2.0", "method": "notifications/message",
-              "params": {"level": "info", "logger": self.name, "data": update}})
+        sink(self._log_line(update))
+
+    def _log_line(self, update: Any) -> dict[str, Any]:
+        """An update as an MCP caller hears it: a log line at `info` from the agent's server."""
+        return {"jsonrpc": "2.0", "method": "notifications/message",
+                "params": {"level": "info", "logger": self.name, "data": update}}
 
     def on_request(self, message: dict[str, Any], conn: Connection | None = None) -> dict[str, Any] | None:
         method = str(message.get("method"))

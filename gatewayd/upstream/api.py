@@ -76,6 +76,11 @@ class AgentHost(Protocol):
         """Who answers what the agent asks about the turn's session after the turn: the same client, no caller."""
         ...
 
+    def tell(self, message: dict[str, Any]) -> str | None:
+        """A log line (`notifications/message`) for the user of the turn's caller outside any call: on its MCP
+        session's stream while that lasts, at the session's log level; nowhere else. The id of the session told."""
+        ...
+
 
 class SessionScope(Protocol):
     """The MCP session a call belongs to, as a per-session child (fleet.py) needs it: its id, its end, and how it

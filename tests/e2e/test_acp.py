@@ -537,6 +537,25 @@ async def test_between_turns_a_permission_is_put_to_the_user_of_the_last_turn_s_
     assert decided()[-1]["channel"] == "client" and decided()[-1]["state"] == "approved"
 
 
+async def test_what_an_agent_says_between_turns_is_told_to_the_last_turn_s_mcp_session_as_it_comes(rig: Rig) -> None:
+    heard: list[Any] = []
+
+    async def log(params: Any) -> None:
+        heard.append(params)
+
+    async with mcp_client(rig, "alice", logging_callback=log) as sdk:
+        first = await sdk.call_tool("mate__prompt", {"text": "afterwards echo done in the background"})
+        session = first.structured_content["sessionId"]
+        await eventually(lambda: any(params.data["content"]["text"] == "done in the background" for params in heard),
+                         what="the agent's words between turns heard on the session's stream")
+        then = await sdk.call_tool("mate__prompt", {"text": "echo now", "sessionId": session})
+    # Heard once, as it came; its words are the next turn's result's too (the model reads it there), not told again.
+    [told] = [params for params in heard if params.data["content"]["text"] == "done in the background"]
+    assert (told.level, told.logger, told.data["sessionUpdate"]) == ("info", "mate", "agent_message_chunk")
+    assert then.content[0].text == "done in the backgroundnow"
+    assert [params.data["content"]["text"] for params in heard][-1] == "now"
+
+
 async def test_no_agent_outlives_the_daemon(tmp_path: Path) -> None:
     agent = python_command(str(AGENT)) + '\nprotocol = "acp"\nisolation = "client"\n'
     tokens = write_config(tmp_path, {"coder": agent},
