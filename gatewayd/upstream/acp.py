@@ -17,8 +17,9 @@ log lines). Also:
     `session/cancel`;
   - `session/update` notifications routed, in order, to the caller of the turn of that session (as they
     are for a direct call, as progress and log lines for the tool), at most MAX_TURN_UPDATES a turn; one sent
-    between the session's turns (the commands a new session offers, a title) held for its next turn, at most
-    MAX_HELD_UPDATES held across the agent's sessions;
+    between the session's turns (the commands a new session offers, a title, a background job's news) held for its
+    next turn, at most MAX_HELD_UPDATES held across the agent's sessions, and told as it comes, as a log line, to the
+    MCP session of the last turn's caller while it lasts (`AgentHost.tell`);
   - the agent's requests during a turn (`session/request_permission`, `fs/read_text_file`,
     `fs/write_text_file`, and `terminal/*` when tools.d `terminals = true`) answered by the turn's
     `Delivery.host` (agents.py: policy, the confirmation gate, audit); between a session's turns (an agent
