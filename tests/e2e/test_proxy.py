@@ -57,6 +57,8 @@ NAME: Final = "gw.example.org"
 # Time for a proxy to start listening, and to stop after SIGTERM; generous for a loaded 2-core machine.
 PROXY_START_DEADLINE: Final = 20.0
 PROXY_STOP_DEADLINE: Final = 10.0
+# The shipped Caddyfile's grace period for streams still open when Caddy stops, shortened: the tests stop it often.
+CADDY_GRACE_S: Final = 1
 # Time for openssl to make the throwaway certificate.
 OPENSSL_DEADLINE: Final = 30.0
 # How often the proxy's port is tried while it starts.
@@ -186,6 +188,7 @@ def caddy_config(directory: Path, ports: Ports, cert: Certificate, daemon: str, 
         ("https_port 443", f"https_port {ports.https}"),
         # Servers started by tests listen on loopback only; the shipped file binds all addresses, as a proxy must.
         ("admin localhost:2019", f"admin localhost:{ports.admin}\n\tdefault_bind 127.0.0.1"),
+        ("grace_period 10s", f"grace_period {CADDY_GRACE_S}s"),
         ("# tls /etc/ssl/gatewayd/fullchain.pem /etc/ssl/gatewayd/privkey.pem", f"tls {cert.cert} {cert.key}"),
         ("reverse_proxy 127.0.0.1:8765", f"reverse_proxy {daemon.removeprefix('http://')}"),
     ])
@@ -201,7 +204,9 @@ PROXIES: Final[dict[str, tuple[Path, Callable[[Path, Ports, Certificate, str, st
 
 @contextlib.asynccontextmanager
 async def running_proxy(argv: list[str], directory: Path, port: int) -> AsyncIterator[None]:
-    """The proxy as a child of this test, listening on `port`; stopped (SIGTERM, then SIGKILL) after."""
+    """The proxy as a child of this test, listening on `port`; stopped after (SIGTERM, then SIGKILL), and a proxy
+    that did not stop by itself within PROXY_STOP_DEADLINE fails: streams still open (the daemon's are long-lived)
+    must not hold it, as Caddy's default eternal grace period would."""
     # Caddy keeps its state (certificates, autosave) under these; nothing may land in the real home.
     env = {**os.environ, "HOME": str(directory), "XDG_DATA_HOME": str(directory / "data"),
            "XDG_CONFIG_HOME": str(directory / "config")}
@@ -214,13 +219,16 @@ async def running_proxy(argv: list[str], directory: Path, port: int) -> AsyncIte
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
+        stopped = True
         try:
             async with asyncio.timeout(PROXY_STOP_DEADLINE):
                 await proc.wait()
         except TimeoutError:
+            stopped = False
             proc.kill()
             await proc.wait()
         log.close()
+    assert stopped, f"{argv[0]} did not stop in {PROXY_STOP_DEADLINE}s of SIGTERM: {logged(directory / 'proxy.log')}"
 
 
 def logged(log: Path) -> str:
