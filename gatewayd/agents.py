@@ -30,6 +30,7 @@ import logging
 import os
 from typing import Any
 
+from gatewayd import audit
 from gatewayd.authorize import authorize
 from gatewayd.calls import Call, CallContext, Target
 from gatewayd.confirmation import ConfirmationGate
@@ -66,20 +67,18 @@ class Agents:
         self.gate = gate
 
     def host(self, call: Call, server: Upstream) -> AgentHost:
-        return AgentHost(self, call.ctx, server, call.trace)
+        return AgentHost(self, call.ctx, server, call)
 
 
 class AgentHost:
     """The answers to one turn's requests, for the client whose call the turn is (upstream/api.AgentHost)."""
 
-    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, trace: str = "", *,
-                 between_turns: bool = False) -> None:
+    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, turn: Call | None = None) -> None:
         self._agents = agents
         self._ctx = ctx
         self._server = server
-        # The turn's trace id: its requests' records read as part of it. Between turns each request has its own.
-        self._trace = trace
-        self._between = between_turns
+        # The turn's own call (None: between turns, where nobody's call waits on what the agent asks).
+        self._turn = turn
 
     def between_turns(self) -> AgentHost:
         """The host of the session's requests once this turn is over: the same client, decided on the config current
@@ -87,7 +86,7 @@ class AgentHost:
         MCP session, not the turn's call or its config generation."""
         ctx = self._ctx
         kept = CallContext(ctx.principal, {}, ctx.session, authority=ctx.authority, operator=ctx.operator)
-        return AgentHost(self._agents, kept, self._server, between_turns=True)
+        return AgentHost(self._agents, kept, self._server)
 
     def tell(self, message: dict[str, Any]) -> str | None:
         session = self._session()
@@ -103,13 +102,23 @@ class AgentHost:
             session = self._ctx.session = None
         return session
 
+    def _trace(self) -> str:
+        """The turn's trace id, made now if its records have not made it yet: what the agent asks during a turn is
+        recorded as part of it. Between turns each request has its own ("")."""
+        turn = self._turn
+        if turn is None:
+            return ""
+        if not turn.trace:
+            turn.trace = audit.trace_id(turn.meta)
+        return turn.trace
+
     def _context(self) -> CallContext:
         """What a request is decided in: the turn's call's context; between turns, one with no call to answer or to
         end with, that still reaches the user of the turn's caller while its MCP session lasts: a question is put to
         them on its stream as well as to the operators (the session's end withdraws it, as a caller's going does in
         a turn), and only to the operators once it has ended."""
         ctx = self._ctx
-        if not self._between:
+        if self._turn is not None:
             return ctx
         session = self._session()
         return CallContext(ctx.principal, ctx.servers, session, emit=session.push if session is not None else None,
@@ -122,7 +131,7 @@ class AgentHost:
         # What policy rules see and a person is shown: the request without the session it names.
         arguments = {key: value for key, value in params.items() if key not in ("sessionId", "_meta")}
         call = Call(self._context(), AGENT, message.get("id"), f"{server}.{method}", params, arguments, None,
-                    trace=self._trace)
+                    trace=self._trace())
         try:
             if method == PERMISSION:
                 result = await self._permission(call, arguments)

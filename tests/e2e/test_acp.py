@@ -208,6 +208,30 @@ async def test_files_are_served_under_the_caller_s_path_rule_and_terminals_refus
     assert terminal[0].startswith("error -32601")
 
 
+async def test_what_an_agent_asks_in_a_turn_is_audited_under_the_turn_s_trace_and_between_turns_apart(
+        rig: Rig) -> None:
+    notes = rig.root / "work" / "notes.txt"
+
+    def turns() -> list[dict[str, Any]]:
+        return audited(rig, method="coder.session/prompt", client="bob", event="outcome")
+
+    def reads() -> list[dict[str, Any]]:
+        return audited(rig, method="coder.fs/read_text_file", client="bob", event="outcome")
+
+    before = len(turns()), len(reads())
+    async with aiohttp.ClientSession() as http:
+        session = await new_session(rig, http, "bob")
+        await rig.said(http, "bob", session, f"read {notes}")
+        await rig.turn(http, "bob", session, f"afterwards read {notes}")
+        await held(rig, "coder", session, 1)
+    await eventually(lambda: (len(turns()), len(reads())) == (before[0] + 2, before[1] + 2),
+                     what="both turns and both reads audited")
+    asked, quiet = turns()[before[0]:]
+    during, between = reads()[before[1]:]
+    assert during["trace_id"] == asked["trace_id"]
+    assert between["trace_id"] not in (asked["trace_id"], quiet["trace_id"])
+
+
 async def test_a_terminal_runs_only_what_the_policy_allows_once_a_person_confirms_it(rig: Rig) -> None:
     async with aiohttp.ClientSession() as http:
         session = await new_session(rig, http, "alice", "runner")
