@@ -362,6 +362,11 @@ async def test_between_turns_a_permission_waits_for_a_person_on_gatewayctl_or_th
 
 
 async def test_between_turns_files_are_decided_for_the_session_s_client(rig: Rig) -> None:
+
+    def bobs_reads() -> list[dict[str, Any]]:
+        return audited(rig, method="coder.fs/read_text_file", client="bob", route="agent")
+
+    before = len(bobs_reads())
     async with aiohttp.ClientSession() as http:
         session = await new_session(rig, http, "bob")
         await rig.turn(http, "bob", session, f"afterwards read {rig.root / 'work' / 'notes.txt'}")
@@ -373,12 +378,8 @@ async def test_between_turns_files_are_decided_for_the_session_s_client(rig: Rig
     # Outside Bob's path rule: refused naming the rule, as in a turn, and the file is as it was.
     assert outside[0].startswith("error -32602") and "path_under" in outside[0] and outside[1:] == ["now"]
     assert (rig.root / "secret.txt").read_text() == "not for agents"
-
-    def bobs_reads() -> list[dict[str, Any]]:
-        return audited(rig, method="coder.fs/read_text_file", client="bob", route="agent")
-
-    await eventually(lambda: len(bobs_reads()) == 2, what="the read between turns audited")
-    decision, outcome = bobs_reads()
+    await eventually(lambda: len(bobs_reads()) == before + 2, what="the read between turns audited")
+    decision, outcome = bobs_reads()[before:]
     assert (decision["event"], decision["decision"], outcome["event"], outcome["status"]) == \
         ("decision", "allow", "outcome", "ok")
 
