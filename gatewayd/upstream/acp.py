@@ -295,8 +295,9 @@ class AcpDialect(Dialect):
                                                             "running a turn: wait for it, or cancel it"})
         call_id = conn.new_id()
         turn = self._turns[session] = _Turn(call_id, conn, how, tool, terminals=self._terminals_for(session, conn))
-        if how.host is not None:
-            # What the agent asks after this turn is put to this turn's caller while it can be asked.
+        if how.host is not None and session in self._owners:
+            # What the agent asks after this turn is put to this turn's caller while it can be asked. (A session being
+            # loaded is no one's until the agent has loaded it: `_bind` then.)
             self._hosts[session] = conn, how.host.between_turns()
         caller = how.session.id if how.session is not None else None
         for held, told in self._held(session):

@@ -162,3 +162,16 @@ async def test_a_request_waiting_between_turns_is_let_go_when_its_agent_stops(
     async with asyncio.timeout(acp_terminals.KILL_WAIT * 2):
         await keeper.stop()
     assert host.waiting == 0
+
+
+async def test_a_session_a_client_failed_to_load_leaves_nothing_to_answer_between_turns(
+        keeper: ToolServer, tmp_path: Path) -> None:
+    dialect = keeper.dialect
+    assert isinstance(dialect, acp.AcpDialect)
+    for number in range(3):
+        # The fixture agent loads no session: each load fails, and the ids were never the client's.
+        with pytest.raises(GatewayError):
+            await keeper.call_method("session/load", {"sessionId": f"made-up-{number}", "cwd": str(tmp_path),
+                                                      "mcpServers": []}, HOW)
+    session = await new_session(keeper, tmp_path)
+    assert set(dialect._hosts) == {session}  # what is answered between turns: the one session the client holds
