@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import weakref
 from typing import Any
 
 from gatewayd import audit
@@ -79,14 +80,18 @@ class AgentHost:
         self._server = server
         # The turn's own call (None: between turns, where nobody's call waits on what the agent asks).
         self._turn = turn
+        # Between turns: the MCP session of the turn's caller, not kept alive by this host once the gateway let it go.
+        self._caller: weakref.ref[Session] | None = None
 
     def between_turns(self) -> AgentHost:
         """The host of the session's requests once this turn is over: the same client, decided on the config current
-        then, with no call waiting on them (`_context`). It keeps of the turn only who the client is and the caller's
-        MCP session, not the turn's call or its config generation."""
+        then, with no call waiting on them (`_context`). It keeps of the turn only who the client is and (weakly) the
+        caller's MCP session, not the turn's call or its config generation."""
         ctx = self._ctx
-        kept = CallContext(ctx.principal, {}, ctx.session, authority=ctx.authority, operator=ctx.operator)
-        return AgentHost(self._agents, kept, self._server)
+        host = AgentHost(self._agents, CallContext(ctx.principal, {}, authority=ctx.authority, operator=ctx.operator),
+                         self._server)
+        host._caller = weakref.ref(ctx.session) if ctx.session is not None else None
+        return host
 
     def tell(self, message: dict[str, Any]) -> str | None:
         session = self._session()
@@ -96,11 +101,11 @@ class AgentHost:
         return session.id
 
     def _session(self) -> Session | None:
-        """The turn's caller's MCP session while it lasts (let go of once it has ended)."""
-        session = self._ctx.session
-        if session is not None and session.ended:
-            session = self._ctx.session = None
-        return session
+        """The turn's caller's MCP session while it lasts."""
+        if self._turn is not None:
+            return self._ctx.session
+        session = self._caller() if self._caller is not None else None
+        return session if session is not None and not session.ended else None
 
     def _trace(self) -> str:
         """The turn's trace id, made now if its records have not made it yet: what the agent asks during a turn is
