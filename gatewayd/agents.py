@@ -74,24 +74,23 @@ class Agents:
 class AgentHost:
     """The answers to one turn's requests, for the client whose call the turn is (upstream/api.AgentHost)."""
 
-    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, turn: Call | None = None) -> None:
+    def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, turn: Call | None = None,
+                 caller: Session | None = None) -> None:
         self._agents = agents
         self._ctx = ctx
         self._server = server
         # The turn's own call (None: between turns, where nobody's call waits on what the agent asks).
         self._turn = turn
         # Between turns: the MCP session of the turn's caller, not kept alive by this host once the gateway let it go.
-        self._caller: weakref.ref[Session] | None = None
+        self._caller = weakref.ref(caller) if caller is not None else None
 
     def between_turns(self) -> AgentHost:
         """The host of the session's requests once this turn is over: the same client, decided on the config current
         then, with no call waiting on them (`_context`). It keeps of the turn only who the client is and (weakly) the
         caller's MCP session, not the turn's call or its config generation."""
         ctx = self._ctx
-        host = AgentHost(self._agents, CallContext(ctx.principal, {}, authority=ctx.authority, operator=ctx.operator),
-                         self._server)
-        host._caller = weakref.ref(ctx.session) if ctx.session is not None else None
-        return host
+        return AgentHost(self._agents, CallContext(ctx.principal, {}, authority=ctx.authority, operator=ctx.operator),
+                         self._server, caller=ctx.session)
 
     def tell(self, message: dict[str, Any]) -> str | None:
         session = self._session()
