@@ -72,7 +72,8 @@ class Agents:
 
 
 class AgentHost:
-    """The answers to one turn's requests, for the client whose call the turn is (upstream/api.AgentHost)."""
+    """The answers to what an agent asks (upstream/api.AgentHost): during a turn, for the client whose call the turn
+    is (`turn`); made by `between_turns`, between the session's turns, for the same client."""
 
     def __init__(self, agents: Agents, ctx: CallContext, server: Upstream, turn: Call | None = None,
                  caller: Session | None = None) -> None:
