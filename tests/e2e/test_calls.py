@@ -8,32 +8,18 @@ route (direct `server.method`, MCP `tools/call`) × success and tool failure is 
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from gatewayd.config.edit import set_client_token
 from gatewayd.errors import TOOL_ERROR
 from gatewayd.tokens import hash_token, new_token
-from tests.daemon import REPO, Daemon, faultsrv_command, gatewayctl, headers, rpc
+from tests.daemon import Daemon, faultsrv_command, gatewayctl, headers, rpc
 from tests.waiting import eventually
 
 MCP_VERSION = "2025-11-25"
-
-
-@pytest.fixture
-async def shipped(tmp_path: Path) -> AsyncIterator[tuple[Daemon, str]]:
-    shutil.copytree(REPO / "tools.d", tmp_path / "tools.d")
-    (tmp_path / "policies").mkdir()
-    shutil.copy(REPO / "policies" / "roles.toml", tmp_path / "policies" / "roles.toml")
-    token = new_token()
-    set_client_token(tmp_path / "policies" / "clients.toml", "laptop", hash_token(token), ["developer"])
-    async with Daemon(tmp_path) as daemon:
-        yield daemon, token
 
 
 async def initialize(http: aiohttp.ClientSession, url: str, token: str) -> str:

@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
-import pytest
 
-from gatewayd.config.edit import set_client_token
-from gatewayd.tokens import hash_token, new_token
-from tests.daemon import REPO, Daemon, gatewayctl, headers, pending_approvals, rpc
+from tests.daemon import Daemon, gatewayctl, headers, pending_approvals, rpc
 from tests.e2e.test_mcp_sdk import sse_messages
 from tests.e2e.test_mcp_sdk_modern import headers as modern_headers
 from tests.e2e.test_mcp_sdk_modern import post, request
-
-
-@pytest.fixture
-async def shipped(tmp_path: Path) -> AsyncIterator[tuple[Daemon, str]]:
-    shutil.copytree(REPO / "tools.d", tmp_path / "tools.d")
-    (tmp_path / "policies").mkdir()
-    shutil.copy(REPO / "policies" / "roles.toml", tmp_path / "policies" / "roles.toml")
-    token = new_token()
-    set_client_token(tmp_path / "policies" / "clients.toml", "laptop", hash_token(token), ["developer"])
-    async with Daemon(tmp_path) as daemon:
-        yield daemon, token
 
 
 async def test_direct_call_to_the_shipped_calc(shipped: tuple[Daemon, str], http: aiohttp.ClientSession) -> None:
