@@ -24,12 +24,12 @@ import pytest
 import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CreateMessageResult, ElicitResult, ListRootsResult, Root, TextContent
 
 from gatewayd.continuations import MAX_PARKED_PER_CLIENT
 from tests.daemon import REPO, Daemon, gatewayctl, python_command, write_config
 from tests.e2e.test_mcp_sdk import MODERN_VERSION, SDK_READ_TIMEOUT, TEST_DEADLINE, bearer, text_of
 from tests.e2e.test_mcp_sdk_modern import headers, post, request
+from tests.e2e.test_mcp_sdk_relay import elicit, roots, sample
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -87,20 +87,6 @@ async def sdk_client(rig: Rig, mode: str = MODERN_VERSION, **callbacks: Any) -> 
         transport = streamable_http_client(rig.daemon.url, http_client=http)
         async with Client(transport, mode=mode, read_timeout_seconds=SDK_READ_TIMEOUT, **callbacks) as sdk:
             yield sdk
-
-
-async def sample(_context: Any, params: Any) -> CreateMessageResult:
-    prompt = params.messages[0].content.text
-    return CreateMessageResult(role="assistant", content=TextContent(type="text", text=f"echo {prompt}"),
-                               model="test-model", stop_reason="endTurn")
-
-
-async def roots(_context: Any) -> ListRootsResult:
-    return ListRootsResult(roots=[Root(uri="file:///work", name="work")])
-
-
-async def elicit(_context: Any, _params: Any) -> ElicitResult:
-    return ElicitResult(action="accept", content={"username": "ada", "email": "ada@example.com"})
 
 
 async def call(rig: Rig, client: str, name: str, arguments: dict[str, Any],
